@@ -1,0 +1,200 @@
+// Command proxy is serveproxy's binary: with no configuration it serves
+// Serve's benchmark app (16 replicas answering "hi" at /); with -config it
+// serves the applications of a Serve-shaped YAML file.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/serveproxy/serveproxy/config"
+	"github.com/serveproxy/serveproxy/replica"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = ""
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailed  = 1 // the proxy could not start or stop cleanly
+	exitInvalid = 2 // bad flags, environment or config
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], environ(), os.Stdout, os.Stderr))
+}
+
+func environ() map[string]string {
+	m := make(map[string]string)
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// run is main without the process: tests call it.
+func run(args []string, env map[string]string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configPath := fs.String("config", "", "Serve-shaped YAML config `file` (default: $PROXY_CONFIG, else the built-in benchmark app)")
+	check := fs.Bool("check", false, "validate the config and exit: 0 if valid, 2 with every problem listed")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return exitInvalid
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "proxy: unexpected arguments: %v\n", fs.Args())
+		return exitInvalid
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, "proxy", versionString())
+		return exitOK
+	}
+
+	e, err := config.ReadEnv(env)
+	if err != nil {
+		fmt.Fprintf(stderr, "proxy: environment: %v\n", err)
+		return exitInvalid
+	}
+	path := *configPath
+	if path == "" {
+		path = e.ConfigPath
+	}
+	reg := replica.NewRegistry()
+	cfg, problems := loadConfig(path, e, reg)
+	if len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintln(stderr, p)
+		}
+		if !*check {
+			fmt.Fprintf(stderr, "proxy: %d problem(s) in the config; nothing started\n", len(problems))
+		}
+		return exitInvalid
+	}
+	if *check {
+		fmt.Fprintf(stdout, "%s: ok (%d applications)\n", displayName(path), len(cfg.Applications))
+		return exitOK
+	}
+
+	log := newLogger(stderr, e)
+	log.Info().Str("version", versionString()).Str("config", displayName(path)).
+		Str("http_addr", httpAddr(cfg)).Str("admin_addr", e.AdminAddr).
+		Bool("access_log", e.AccessLog).Stringer("request_timeout", cfg.HTTPOptions.RequestTimeout()).
+		Stringer("keep_alive_timeout", cfg.HTTPOptions.KeepAliveTimeout()).
+		Int64("max_header_bytes", int64(e.MaxHeaderBytes)).Int64("max_body_bytes", int64(e.MaxBodyBytes)).
+		Msg("starting")
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := serve(ctx, cfg, e, reg, log, stderr); err != nil {
+		log.Error().Err(err).Msg("proxy failed")
+		return exitFailed
+	}
+	return exitOK
+}
+
+// loadConfig reads the file (or takes the built-in app), applies the
+// environment and checks that every handler exists and accepts its
+// user_config. It returns every problem found.
+func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Config, []error) {
+	var cfg *config.Config
+	if path == "" {
+		cfg = config.Default()
+	} else {
+		c, err := config.Load(path)
+		if err != nil {
+			return nil, splitErrors(err)
+		}
+		cfg = c
+	}
+	if err := e.Apply(cfg); err != nil {
+		return nil, []error{fmt.Errorf("environment: %w", err)}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, splitErrors(err)
+	}
+	var problems []error
+	for i, app := range cfg.Applications {
+		for j, d := range app.Deployments {
+			field := fmt.Sprintf("applications[%d].deployments[%d]", i, j)
+			f, err := reg.Lookup(d.Handler)
+			if err != nil {
+				problems = append(problems, lineError(cfg, path, field+".handler", err))
+				continue
+			}
+			// Build one handler to validate user_config now rather than
+			// at the first replica.
+			if _, err := f(d.UserConfig); err != nil {
+				problems = append(problems, lineError(cfg, path, field+".user_config", err))
+			}
+		}
+	}
+	return cfg, problems
+}
+
+// lineError names the field, and its line when the config knows it.
+func lineError(cfg *config.Config, file, field string, err error) error {
+	return config.FieldError{File: displayName(file), Line: cfg.Line(field), Field: field, Msg: err.Error()}
+}
+
+func splitErrors(err error) []error {
+	var errs config.Errors
+	if errors.As(err, &errs) {
+		out := make([]error, len(errs))
+		for i, e := range errs {
+			out[i] = e
+		}
+		return out
+	}
+	return []error{err}
+}
+
+func displayName(path string) string {
+	if path == "" {
+		return "(built-in benchmark app)"
+	}
+	return path
+}
+
+func newLogger(w io.Writer, e config.Env) zerolog.Logger {
+	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
+	level, err := zerolog.ParseLevel(e.LogLevel)
+	if err != nil {
+		level = zerolog.InfoLevel // ReadEnv has validated it already
+	}
+	if e.LogFormat == "console" {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+	}
+	return zerolog.New(w).Level(level).With().Timestamp().Logger()
+}
+
+func versionString() string {
+	if version != "" {
+		return version
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += " " + s.Value[:12]
+		}
+	}
+	return v
+}

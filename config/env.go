@@ -1,0 +1,274 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+)
+
+// envPrefix starts the name of every variable Env reads.
+const envPrefix = "PROXY_"
+
+// Env is the process environment's settings.
+//
+// An empty variable counts as unset. The HTTP settings override the config
+// file's http_options only when set; see Apply.
+type Env struct {
+	// HTTPAddr, from PROXY_HTTP_ADDR, is the ingress address as host:port.
+	// When set it overrides http_options host and port; unset, they apply
+	// (by default 127.0.0.1:8000).
+	HTTPAddr string `env:"HTTP_ADDR"`
+	// AdminAddr, from PROXY_ADMIN_ADDR, is the admin server's address as
+	// host:port; "127.0.0.1:8080" by default.
+	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:8080"`
+	// ConfigPath, from PROXY_CONFIG, is the config file to load; empty,
+	// the default, means Default().
+	ConfigPath string `env:"CONFIG"`
+	// LogLevel, from PROXY_LOG_LEVEL, is one of trace, debug, info, warn
+	// or error (zerolog's names); "info" by default.
+	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+	// LogFormat, from PROXY_LOG_FORMAT, is "json" (the default) or
+	// "console".
+	LogFormat string `env:"LOG_FORMAT" envDefault:"json"`
+	// AccessLog, from PROXY_ACCESS_LOG, turns the access log on or off;
+	// on by default.
+	AccessLog bool `env:"ACCESS_LOG" envDefault:"true"`
+	// RequestTimeout, from PROXY_REQUEST_TIMEOUT (a Go duration such as
+	// "30s", 0 or more), overrides http_options request_timeout_s when
+	// set; "0s" means no timeout.
+	RequestTimeout time.Duration `env:"REQUEST_TIMEOUT"`
+	// KeepAliveTimeout, from PROXY_KEEP_ALIVE_TIMEOUT (a Go duration
+	// above 0), overrides http_options keep_alive_timeout_s when set.
+	KeepAliveTimeout time.Duration `env:"KEEP_ALIVE_TIMEOUT"`
+	// ReadHeaderTimeout, from PROXY_READ_HEADER_TIMEOUT (a Go duration
+	// above 0), bounds reading a request's headers; 10s by default.
+	ReadHeaderTimeout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"10s"`
+	// MaxHeaderBytes, from PROXY_MAX_HEADER_BYTES (above 0), bounds a
+	// request's headers; 1MiB by default.
+	MaxHeaderBytes ByteSize `env:"MAX_HEADER_BYTES" envDefault:"1MiB"`
+	// MaxBodyBytes, from PROXY_MAX_BODY_BYTES (above 0), bounds a
+	// request's body; 100MiB by default.
+	MaxBodyBytes ByteSize `env:"MAX_BODY_BYTES" envDefault:"100MiB"`
+	// AdminToken, from PROXY_ADMIN_TOKEN, is the secret that mutating
+	// admin calls must present; empty by default.
+	AdminToken string `env:"ADMIN_TOKEN"`
+
+	// requestTimeoutSet records that PROXY_REQUEST_TIMEOUT was set, which
+	// RequestTimeout alone cannot tell when it is 0 ("no timeout" must
+	// still override the file). HTTPAddr and KeepAliveTimeout need no
+	// flag: their zero is not a value they can be set to.
+	requestTimeoutSet bool
+}
+
+// logLevels are zerolog's level names that PROXY_LOG_LEVEL accepts, listed
+// here so that config need not import zerolog.
+var logLevels = []string{"trace", "debug", "info", "warn", "error"}
+
+var logFormats = []string{"json", "console"}
+
+// ReadEnv reads the PROXY_* variables from environ, a map of variable
+// names to values (os.Environ's contents, or a test's), and checks them.
+// Every bad variable is reported, each error naming it, as in
+// `PROXY_REQUEST_TIMEOUT: invalid duration "5x"`.
+func ReadEnv(environ map[string]string) (Env, error) {
+	var e Env
+	err := env.ParseWithOptions(&e, env.Options{
+		Environment: environ,
+		Prefix:      envPrefix,
+		FuncMap: map[reflect.Type]env.ParserFunc{
+			reflect.TypeFor[time.Duration](): parseDuration,
+			reflect.TypeFor[bool]():          parseBool,
+		},
+	})
+	e.requestTimeoutSet = environ[envPrefix+"REQUEST_TIMEOUT"] != ""
+
+	// Problems by variable, reported in the order Env lists them; a
+	// variable that did not parse is not checked again.
+	bad := make(map[string]string)
+	var other []error
+	for _, err := range flattenEnvErrors(err) {
+		var pe env.ParseError
+		if errors.As(err, &pe) {
+			if name := envVarOf(pe.Name); name != "" {
+				bad[name] = pe.Err.Error()
+				continue
+			}
+		}
+		other = append(other, err)
+	}
+	check := func(field, msg string) {
+		if name := envVarOf(field); msg != "" && bad[name] == "" {
+			bad[name] = msg
+		}
+	}
+	if e.HTTPAddr != "" {
+		_, _, err := splitAddr(e.HTTPAddr)
+		check("HTTPAddr", errString(err))
+	}
+	_, _, addrErr := splitAddr(e.AdminAddr)
+	check("AdminAddr", errString(addrErr))
+	check("LogLevel", oneOf(&e.LogLevel, logLevels))
+	check("LogFormat", oneOf(&e.LogFormat, logFormats))
+	if e.requestTimeoutSet {
+		check("RequestTimeout", durationProblem(e.RequestTimeout, true))
+	}
+	if environ[envPrefix+"KEEP_ALIVE_TIMEOUT"] != "" {
+		check("KeepAliveTimeout", durationProblem(e.KeepAliveTimeout, false))
+	}
+	check("ReadHeaderTimeout", durationProblem(e.ReadHeaderTimeout, false))
+	if e.MaxHeaderBytes <= 0 {
+		check("MaxHeaderBytes", fmt.Sprintf("must be > 0, got %d", e.MaxHeaderBytes))
+	}
+	if e.MaxBodyBytes <= 0 {
+		check("MaxBodyBytes", fmt.Sprintf("must be > 0, got %d", e.MaxBodyBytes))
+	}
+
+	var errs []error
+	t := reflect.TypeFor[Env]()
+	for i := range t.NumField() {
+		if name := envVarOf(t.Field(i).Name); bad[name] != "" {
+			errs = append(errs, fmt.Errorf("%s: %s", name, bad[name]))
+		}
+	}
+	errs = append(errs, other...)
+	if len(errs) > 0 {
+		return Env{}, errors.Join(errs...)
+	}
+	return e, nil
+}
+
+// Apply overrides c's http_options with the variables that were set:
+// PROXY_HTTP_ADDR (split into host and port), PROXY_REQUEST_TIMEOUT and
+// PROXY_KEEP_ALIVE_TIMEOUT. The rest of c is left alone. On error, naming
+// the variable, c is not changed.
+//
+// A set RequestTimeout, HTTPAddr or KeepAliveTimeout is one that is not
+// zero, or, for RequestTimeout, one that ReadEnv found set to 0.
+func (e Env) Apply(c *Config) error {
+	var (
+		host string
+		port int
+		errs []error
+	)
+	if e.HTTPAddr != "" {
+		var err error
+		if host, port, err = splitAddr(e.HTTPAddr); err != nil {
+			errs = append(errs, fmt.Errorf("%sHTTP_ADDR: %w", envPrefix, err))
+		}
+	}
+	setRequest := e.requestTimeoutSet || e.RequestTimeout != 0
+	if msg := durationProblem(e.RequestTimeout, true); setRequest && msg != "" {
+		errs = append(errs, fmt.Errorf("%sREQUEST_TIMEOUT: %s", envPrefix, msg))
+	}
+	setKeepAlive := e.KeepAliveTimeout != 0
+	if msg := durationProblem(e.KeepAliveTimeout, false); setKeepAlive && msg != "" {
+		errs = append(errs, fmt.Errorf("%sKEEP_ALIVE_TIMEOUT: %s", envPrefix, msg))
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+
+	if e.HTTPAddr != "" {
+		c.HTTPOptions.Host, c.HTTPOptions.Port = host, port
+	}
+	if setRequest {
+		c.HTTPOptions.RequestTimeoutS = e.RequestTimeout.Seconds()
+	}
+	if setKeepAlive {
+		c.HTTPOptions.KeepAliveTimeoutS = e.KeepAliveTimeout.Seconds()
+	}
+	return nil
+}
+
+// envVarOf returns the variable Env's field reads, such as PROXY_HTTP_ADDR
+// for HTTPAddr, or "" for a field with no env tag.
+func envVarOf(field string) string {
+	f, ok := reflect.TypeFor[Env]().FieldByName(field)
+	if !ok {
+		return ""
+	}
+	key, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+	if key == "" {
+		return ""
+	}
+	return envPrefix + key
+}
+
+// flattenEnvErrors flattens what env.ParseWithOptions returned.
+func flattenEnvErrors(err error) []error {
+	var agg env.AggregateError
+	if errors.As(err, &agg) {
+		return agg.Errors
+	}
+	if err != nil {
+		return []error{err}
+	}
+	return nil
+}
+
+// parseDuration and parseBool replace env's parsers, whose errors quote Go
+// internals (strconv.ParseBool: parsing "x": invalid syntax).
+func parseDuration(v string) (any, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return nil, fmt.Errorf("invalid duration %q (want a Go duration such as 30s or 1m30s)", v)
+	}
+	return d, nil
+}
+
+func parseBool(v string) (any, error) {
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return nil, fmt.Errorf("invalid boolean %q (want true or false)", v)
+	}
+	return b, nil
+}
+
+// oneOf lower-cases *v and returns a problem unless it is in allowed.
+func oneOf(v *string, allowed []string) string {
+	if lower := strings.ToLower(*v); slices.Contains(allowed, lower) {
+		*v = lower
+		return ""
+	}
+	return fmt.Sprintf("invalid value %q (want one of %s)", *v, strings.Join(allowed, ", "))
+}
+
+// durationProblem checks a duration is above 0, or at least 0 when zeroOK,
+// and fits the config's whole-seconds limit.
+func durationProblem(d time.Duration, zeroOK bool) string {
+	max := time.Duration(maxSeconds) * time.Second
+	switch {
+	case zeroOK && (d < 0 || d > max):
+		return fmt.Sprintf("must be >= 0 and <= %v, got %v", max, d)
+	case !zeroOK && (d <= 0 || d > max):
+		return fmt.Sprintf("must be > 0 and <= %v, got %v", max, d)
+	}
+	return ""
+}
+
+// splitAddr splits a host:port address, with a port from 0 to 65535.
+func splitAddr(addr string) (host string, port int, err error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, fmt.Errorf("invalid address %q: want host:port, such as 127.0.0.1:8000", addr)
+	}
+	port, err = strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("invalid address %q: port must be a number between 0 and 65535", addr)
+	}
+	return host, port, nil
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

@@ -1,0 +1,309 @@
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// withDeployment returns a one-deployment file whose deployment ends with
+// extra, which starts at line 6.
+func withDeployment(extra string) string {
+	return `applications:
+  - name: app
+    deployments:
+      - name: dep
+        handler: echo
+` + extra
+}
+
+// parseErrors parses src, which must fail, and returns its Errors.
+func parseErrors(t *testing.T, src string) Errors {
+	t.Helper()
+	c, err := Parse("test.yaml", []byte(src))
+	if err == nil {
+		t.Fatalf("Parse succeeded: %+v", c)
+	}
+	if c != nil {
+		t.Errorf("Parse returned a config along with an error")
+	}
+	var errs Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("Parse error is %T, not Errors: %v", err, err)
+	}
+	return errs
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name  string
+		src   string
+		field string
+		line  int
+		msg   string // part of the message
+	}{
+		// The file's shape.
+		{"empty file", "", "applications", 0, "at least one application is required"},
+		{"only comments", "# nothing\n", "applications", 0, "at least one application is required"},
+		{"no applications", "http_options: {port: 1}\n", "applications", 0, "at least one application is required"},
+		{"empty applications", "applications: []\n", "applications", 1, "at least one application is required"},
+		{"null applications", "applications:\n", "applications", 1, "at least one application is required"},
+		{"root not a mapping", "- a\n- b\n", "", 1, "must be a mapping, got a list"},
+		{"two documents", minimalYAML + "---\nfoo: 1\n", "", 7, "one YAML document"},
+
+		// Unknown fields, at every level.
+		{"unknown top-level field", "version: 2\n" + minimalYAML, "version", 1, `unknown field; known fields are http_options, applications`},
+		{"unknown http_options field", "http_options:\n  hots: x\n" + minimalYAML, "http_options.hots", 2, "unknown field"},
+		{"unknown application field", "applications:\n  - name: a\n    prefix: /a\n    deployments: [{name: d, handler: h}]\n", "applications[0].prefix", 3, "known fields are name, route_prefix, deployments"},
+		{"unknown deployment field", withDeployment("        replicas: 2\n"), "applications[0].deployments[0].replicas", 6, "unknown field"},
+
+		// Wrong types.
+		{"int as string", withDeployment("        num_replicas: two\n"), "applications[0].deployments[0].num_replicas", 6, `must be an integer, got string "two"`},
+		{"int as float", withDeployment("        num_replicas: 2.5\n"), "applications[0].deployments[0].num_replicas", 6, "must be an integer, got number 2.5"},
+		{"int too large", withDeployment("        max_ongoing_requests: 9223372036854775808\n"), "applications[0].deployments[0].max_ongoing_requests", 6, "must be an integer of at most 64 bits"},
+		{"int as list", withDeployment("        max_queued_requests: [1]\n"), "applications[0].deployments[0].max_queued_requests", 6, "must be an integer, got a list"},
+		{"float as string", "http_options: {request_timeout_s: soon}\n" + minimalYAML, "http_options.request_timeout_s", 1, `must be a number, got string "soon"`},
+		{"string as list", "applications:\n  - name: a\n    deployments:\n      - name: d\n        handler: [echo]\n", "applications[0].deployments[0].handler", 5, "must be a string, got a list"},
+		{"string as integer", "applications:\n  - name: 12\n    deployments: [{name: d, handler: h}]\n", "applications[0].name", 2, "must be a string, got integer 12"},
+		{"string as null", "applications:\n  - name: ~\n    deployments: [{name: d, handler: h}]\n", "applications[0].name", 2, "must be a string, got null"},
+		{"list as string", "applications:\n  - name: a\n    deployments: dep\n", "applications[0].deployments", 3, `must be a list, got string "dep"`},
+		{"mapping as integer", "http_options: 5\n" + minimalYAML, "http_options", 1, "must be a mapping, got integer 5"},
+		{"element not a mapping", "applications: [a]\n", "applications[0]", 1, `must be a mapping, got string "a"`},
+		{"user_config not a mapping", withDeployment("        user_config: [1, 2]\n"), "applications[0].deployments[0].user_config", 6, "must be a mapping, got a list"},
+		{"user_config scalar", withDeployment("        user_config: hi\n"), "applications[0].deployments[0].user_config", 6, `must be a mapping, got string "hi"`},
+		{"user_config infinity", withDeployment("        user_config:\n          x: [1, .inf]\n"), "applications[0].deployments[0].user_config.x[1]", 7, "+Inf cannot be represented in JSON"},
+		{"alias without anchor", withDeployment("        user_config: *nope\n"), "applications[0].deployments[0].user_config", 6, "alias *nope has no anchor &nope before it"},
+		{"alias inside its anchor", withDeployment("        user_config: &u {a: *u}\n"), "applications[0].deployments[0].user_config.a", 6, "alias *u is inside its own anchor &u"},
+		{"merge of a scalar", withDeployment("        <<: 5\n"), "applications[0].deployments[0]", 6, "merge key << takes a mapping or a list of mappings, got integer 5"},
+
+		// http_options ranges.
+		{"port too large", "http_options: {port: 70000}\n" + minimalYAML, "http_options.port", 1, "must be between 0 and 65535, got 70000"},
+		{"port negative", "http_options: {port: -1}\n" + minimalYAML, "http_options.port", 1, "must be between 0 and 65535, got -1"},
+		{"request timeout negative", "http_options: {request_timeout_s: -1}\n" + minimalYAML, "http_options.request_timeout_s", 1, "must be >= 0 and <= 9223372036 seconds, got -1"},
+		{"request timeout NaN", "http_options: {request_timeout_s: .nan}\n" + minimalYAML, "http_options.request_timeout_s", 1, "got NaN"},
+		{"keep alive zero", "http_options:\n  keep_alive_timeout_s: 0\n" + minimalYAML, "http_options.keep_alive_timeout_s", 2, "must be > 0 and <= 9223372036 seconds, got 0"},
+		{"keep alive infinite", "http_options:\n  keep_alive_timeout_s: .inf\n" + minimalYAML, "http_options.keep_alive_timeout_s", 2, "got +Inf"},
+
+		// Applications.
+		{"application name missing", "applications:\n  - route_prefix: /a\n    deployments: [{name: d, handler: h}]\n", "applications[0].name", 2, "is required"},
+		{"application name empty", "applications:\n  - name: \"\"\n    deployments: [{name: d, handler: h}]\n", "applications[0].name", 2, "is required"},
+		{"duplicate application name", "applications:\n  - {name: a, route_prefix: /a, deployments: [{name: d, handler: h}]}\n  - {name: a, route_prefix: /b, deployments: [{name: d, handler: h}]}\n", "applications[1].name", 3, `duplicate application name "a" (also used by applications[0])`},
+		{"route prefix without slash", "applications:\n  - name: a\n    route_prefix: api\n    deployments: [{name: d, handler: h}]\n", "applications[0].route_prefix", 3, `must start with "/", got "api"`},
+		{"route prefix empty", "applications:\n  - name: a\n    route_prefix: \"\"\n    deployments: [{name: d, handler: h}]\n", "applications[0].route_prefix", 3, `must start with "/", got ""`},
+		{"route prefix trailing slash", "applications:\n  - name: a\n    route_prefix: /api/\n    deployments: [{name: d, handler: h}]\n", "applications[0].route_prefix", 3, `must not end with "/" unless it is "/", got "/api/"`},
+		{"route prefix query", "applications:\n  - name: a\n    route_prefix: /a?b\n    deployments: [{name: d, handler: h}]\n", "applications[0].route_prefix", 3, `must not contain "?", "#"`},
+		{"route prefix fragment", "applications:\n  - name: a\n    route_prefix: \"/a#b\"\n    deployments: [{name: d, handler: h}]\n", "applications[0].route_prefix", 3, `must not contain "?", "#"`},
+		{"route prefix space", "applications:\n  - name: a\n    route_prefix: /a b\n    deployments: [{name: d, handler: h}]\n", "applications[0].route_prefix", 3, "white space"},
+		{"route prefix reserved", "applications:\n  - name: a\n    route_prefix: /-/healthz\n    deployments: [{name: d, handler: h}]\n", "applications[0].route_prefix", 3, "reserved for the proxy's own endpoints"},
+		{"route prefix reserved root", "applications:\n  - name: a\n    route_prefix: /-\n    deployments: [{name: d, handler: h}]\n", "applications[0].route_prefix", 3, "reserved for the proxy's own endpoints"},
+		{"duplicate route prefix", "applications:\n  - {name: x, route_prefix: /api, deployments: [{name: d, handler: h}]}\n  - {name: y, route_prefix: /api, deployments: [{name: d, handler: h}]}\n", "applications[1].route_prefix", 3, `duplicate route_prefix "/api" (also used by application "x")`},
+		{"duplicate default route prefix", "applications:\n  - {name: x, deployments: [{name: d, handler: h}]}\n  - {name: y, deployments: [{name: d, handler: h}]}\n", "applications[1].route_prefix", 3, `duplicate route_prefix "/" (also used by application "x")`},
+		{"deployments missing", "applications:\n  - name: a\n", "applications[0].deployments", 2, "at least one deployment is required"},
+		{"deployments empty", "applications:\n  - name: a\n    deployments: []\n", "applications[0].deployments", 3, "at least one deployment is required"},
+
+		// Deployments.
+		{"deployment name missing", "applications:\n  - name: a\n    deployments:\n      - handler: h\n", "applications[0].deployments[0].name", 4, "is required"},
+		{"handler missing", "applications:\n  - name: a\n    deployments:\n      - name: d\n", "applications[0].deployments[0].handler", 4, "is required"},
+		{"handler empty", "applications:\n  - name: a\n    deployments:\n      - name: d\n        handler: ''\n", "applications[0].deployments[0].handler", 5, "is required"},
+		{"duplicate deployment name", withDeployment("      - name: dep\n        handler: echo\n"), "applications[0].deployments[1].name", 6, `duplicate deployment name "dep" (also used by deployments[0])`},
+		{"num_replicas zero", withDeployment("        num_replicas: 0\n"), "applications[0].deployments[0].num_replicas", 6, "must be >= 1, got 0"},
+		{"max_ongoing_requests zero", withDeployment("        max_ongoing_requests: 0\n"), "applications[0].deployments[0].max_ongoing_requests", 6, "must be >= 1, got 0"},
+		{"max_queued_requests zero", withDeployment("        max_queued_requests: 0\n"), "applications[0].deployments[0].max_queued_requests", 6, "must be -1 (no limit) or >= 1, got 0"},
+		{"max_queued_requests below -1", withDeployment("        max_queued_requests: -2\n"), "applications[0].deployments[0].max_queued_requests", 6, "must be -1 (no limit) or >= 1, got -2"},
+		{"health_check_period_s zero", withDeployment("        health_check_period_s: 0\n"), "applications[0].deployments[0].health_check_period_s", 6, "must be > 0 and <= 9223372036 seconds, got 0"},
+		{"health_check_timeout_s negative", withDeployment("        health_check_timeout_s: -1\n"), "applications[0].deployments[0].health_check_timeout_s", 6, "must be > 0 and <= 9223372036 seconds, got -1"},
+		{"graceful_shutdown_timeout_s negative", withDeployment("        graceful_shutdown_timeout_s: -0.5\n"), "applications[0].deployments[0].graceful_shutdown_timeout_s", 6, "must be >= 0 and <= 9223372036 seconds, got -0.5"},
+		{"graceful_shutdown_timeout_s too large", withDeployment("        graceful_shutdown_timeout_s: 1.0e+10\n"), "applications[0].deployments[0].graceful_shutdown_timeout_s", 6, "got 1e+10"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			errs := parseErrors(t, tt.src)
+			if len(errs) != 1 {
+				t.Fatalf("got %d errors, want 1:\n%v", len(errs), errs)
+			}
+			e := errs[0]
+			if e.File != "test.yaml" || e.Field != tt.field || e.Line != tt.line || !strings.Contains(e.Msg, tt.msg) {
+				t.Errorf("got  %s\nwant test.yaml:%d: %s: ...%s...", e.Error(), tt.line, tt.field, tt.msg)
+			}
+		})
+	}
+}
+
+func TestParseReportsEveryProblemInFileOrder(t *testing.T) {
+	src := `http_options:
+  port: 70000
+  colour: blue
+applications:
+  - name: a
+    route_prefix: /api
+    deployments:
+      - name: d
+        handler: h
+        num_replicas: two
+        max_queued_requests: 0
+      - name: d
+        handler: h
+        replicas: 3
+  - name: a
+    route_prefix: /api
+    deployments: []
+  - route_prefix: api/
+    deployments:
+      - handler: ""
+`
+	want := []struct {
+		line  int
+		field string
+	}{
+		{2, "http_options.port"},
+		{3, "http_options.colour"},
+		{10, "applications[0].deployments[0].num_replicas"},
+		{11, "applications[0].deployments[0].max_queued_requests"},
+		{12, "applications[0].deployments[1].name"},
+		{14, "applications[0].deployments[1].replicas"},
+		{15, "applications[1].name"},
+		{16, "applications[1].route_prefix"},
+		{17, "applications[1].deployments"},
+		{18, "applications[2].name"},
+		{18, "applications[2].route_prefix"},
+		{20, "applications[2].deployments[0].name"},
+		{20, "applications[2].deployments[0].handler"},
+	}
+	errs := parseErrors(t, src)
+	if len(errs) != len(want) {
+		t.Fatalf("got %d errors, want %d:\n%v", len(errs), len(want), errs)
+	}
+	for i, w := range want {
+		if errs[i].Line != w.line || errs[i].Field != w.field {
+			t.Errorf("error %d = %s, want line %d field %s", i, errs[i].Error(), w.line, w.field)
+		}
+	}
+	if !strings.HasPrefix(errs.Error(), "test.yaml:2: http_options.port: must be between 0 and 65535, got 70000\ntest.yaml:3: http_options.colour: unknown field") {
+		t.Errorf("Error() = %s", errs.Error())
+	}
+}
+
+func TestParseOrdersProblemsWithinALine(t *testing.T) {
+	src := "http_options: {port: 70000, colour: blue, keep_alive_timeout_s: 0, size: 1}\n" + minimalYAML
+	errs := parseErrors(t, src)
+	var got []string
+	for _, e := range errs {
+		got = append(got, e.Field)
+	}
+	want := []string{"http_options.port", "http_options.colour", "http_options.keep_alive_timeout_s", "http_options.size"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("fields = %v, want %v", got, want)
+	}
+}
+
+func TestParseSyntaxError(t *testing.T) {
+	tests := []struct {
+		name string
+		src  string
+		line int
+	}{
+		{"unclosed flow sequence", "applications: [\n  {name: a}\n", 1},
+		{"bad indentation", "applications:\n  - name: a\n   deployments: []\n", 3},
+		{"duplicate key", "applications: []\napplications: []\n", 2},
+		{"unterminated quote", minimalYAML + "http_options: {host: 'x}\n", 6},
+		{"tab indentation", "applications:\n\t- name: a\n", 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			errs := parseErrors(t, tt.src)
+			if len(errs) != 1 {
+				t.Fatalf("got %d errors, want 1: %v", len(errs), errs)
+			}
+			if e := errs[0]; e.Line != tt.line || e.Field != "" || !strings.HasPrefix(e.Msg, "invalid YAML: ") {
+				t.Errorf("got %q, want line %d and an invalid YAML message", e.Error(), tt.line)
+			}
+		})
+	}
+}
+
+func TestParseBillionLaughs(t *testing.T) {
+	src := withDeployment(`        user_config:
+          a: &a [x, x, x, x, x, x, x, x, x, x]
+          b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]
+          c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]
+          d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]
+          e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]
+          f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]
+          g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f, *f]
+          h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g, *g]
+`)
+	errs := parseErrors(t, src)
+	if len(errs) != 1 || !strings.Contains(errs[0].Msg, "config too large") {
+		t.Fatalf("got %v, want one config too large error", errs)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	path := t.TempDir() + "/serve.yaml"
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), path) {
+		t.Errorf("Load of a missing file = %v, want an error naming the path", err)
+	}
+	if err := writeFile(path, "applications: []\n"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(path)
+	if want := path + ":1: applications: at least one application is required"; err == nil || err.Error() != want {
+		t.Errorf("Load = %v, want %s", err, want)
+	}
+	if err := writeFile(path, exampleYAML); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := Load(path); err != nil || c.Applications[0].Name != "api" {
+		t.Errorf("Load = %+v, %v", c, err)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	valid := func() *Config {
+		c := Default()
+		c.Applications = append(c.Applications, Application{
+			Name:        "api",
+			RoutePrefix: "/api",
+			Deployments: []Deployment{Default().Applications[0].Deployments[0]},
+		})
+		return c
+	}
+	tests := []struct {
+		name   string
+		change func(c *Config)
+		want   string // the whole Error(), no file or lines
+	}{
+		{"valid", func(*Config) {}, ""},
+		{"zero config", func(c *Config) { *c = Config{} }, "http_options.keep_alive_timeout_s: must be > 0 and <= 9223372036 seconds, got 0\napplications: at least one application is required"},
+		{"zero deployment", func(c *Config) { c.Applications[1].Deployments[0] = Deployment{} }, strings.Join([]string{
+			"applications[1].deployments[0].name: is required",
+			"applications[1].deployments[0].handler: is required",
+			"applications[1].deployments[0].num_replicas: must be >= 1, got 0",
+			"applications[1].deployments[0].max_ongoing_requests: must be >= 1, got 0",
+			"applications[1].deployments[0].max_queued_requests: must be -1 (no limit) or >= 1, got 0",
+			"applications[1].deployments[0].health_check_period_s: must be > 0 and <= 9223372036 seconds, got 0",
+			"applications[1].deployments[0].health_check_timeout_s: must be > 0 and <= 9223372036 seconds, got 0",
+		}, "\n")},
+		{"user_config not an object", func(c *Config) { c.Applications[0].Deployments[0].UserConfig = json.RawMessage(`[1]`) }, "applications[0].deployments[0].user_config: must be a mapping (a JSON object)"},
+		{"user_config not JSON", func(c *Config) { c.Applications[0].Deployments[0].UserConfig = json.RawMessage(`{`) }, "applications[0].deployments[0].user_config: must be a mapping (a JSON object)"},
+		{"duplicate prefix", func(c *Config) { c.Applications[1].RoutePrefix = "/" }, `applications[1].route_prefix: duplicate route_prefix "/" (also used by application "default")`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := valid()
+			tt.change(c)
+			err := c.Validate()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("Validate() = %v, want nil", err)
+			case tt.want != "" && (err == nil || err.Error() != tt.want):
+				t.Errorf("Validate() =\n%v\nwant\n%s", err, tt.want)
+			}
+			var fe FieldError
+			if err != nil && (!errors.As(err, &fe) || fe.Line != 0 || fe.File != "") {
+				t.Errorf("Validate() error %#v has a file or line", fe)
+			}
+		})
+	}
+}

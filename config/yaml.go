@@ -1,0 +1,806 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/ast"
+	"github.com/goccy/go-yaml/parser"
+)
+
+// Load reads the config file at path and parses it; see Parse.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes and validates a YAML config file; name is used in error
+// messages. Fields absent from the file take their defaults, while explicit
+// values, zeros included, must pass validation.
+//
+// A file that fails is reported as Errors, every problem found in one pass
+// and in file order, each with the line of its key: YAML syntax (one error
+// at the line the parser reports), unknown fields, values of the wrong type,
+// and the rules Validate applies. Anchors, aliases and merge keys (<<) are
+// supported.
+func Parse(name string, data []byte) (*Config, error) {
+	file, err := parser.ParseBytes(data, 0)
+	if err != nil {
+		return nil, Errors{{File: name, Line: errorLine(err), Msg: "invalid YAML: " + errorMessage(err)}}
+	}
+
+	d := newDecoder(name, file)
+	c := new(Config)
+	c.setDefaults()
+
+	var root ast.Node
+	for _, doc := range file.Docs {
+		if doc == nil || isEmpty(doc.Body) {
+			continue
+		}
+		if root != nil {
+			d.fail(nil, posOf(doc.Body), "a config file holds one YAML document, found another")
+			break
+		}
+		root = doc.Body
+	}
+	if root != nil {
+		d.value(reflect.ValueOf(c).Elem(), root, nil, posOf(root))
+	}
+
+	v := validator{skip: d.failed}
+	v.config(c)
+	found := d.errs
+	for _, p := range v.problems {
+		at := d.posOf(p.path)
+		found = append(found, located{FieldError{File: name, Line: at.line, Field: p.path.String(), Msg: p.msg}, at})
+	}
+	if len(found) > 0 {
+		// The decoder reports in file order; the rules report in struct
+		// order, which positions put back into file order. Stable, so
+		// problems at one place keep the order they were found in.
+		slices.SortStableFunc(found, func(a, b located) int { return a.at.compare(b.at) })
+		errs := make(Errors, len(found))
+		for i, l := range found {
+			errs[i] = l.FieldError
+		}
+		return nil, errs
+	}
+	c.lines = make(map[string]int, len(d.positions))
+	for path, at := range d.positions {
+		c.lines[path] = at.line
+	}
+	return c, nil
+}
+
+const (
+	// maxNodes bounds the YAML nodes one Parse visits, counting every
+	// expansion of an alias, so that a few lines of nested aliases (a
+	// "billion laughs") cannot make it run for ever.
+	maxNodes = 1 << 18
+	// maxDepth bounds the nesting within user_config and of merge keys,
+	// which also stops an alias from expanding inside itself.
+	maxDepth = 100
+)
+
+var rawMessageType = reflect.TypeFor[json.RawMessage]()
+
+// decoder walks a YAML AST onto config structs, guided by their yaml tags.
+// It reports every problem it meets and carries on with the next value,
+// which keeps its default.
+type decoder struct {
+	name     string
+	anchors  map[string][]*ast.AnchorNode // by name, in file order
+	circular map[*ast.AliasNode]bool      // aliases inside their own anchor
+	budget   int                          // nodes left to visit; see maxNodes
+
+	// positions maps the path of every key and list element decoded to
+	// where it is, for locating the problems validation finds afterwards.
+	positions map[string]pos
+
+	errs   []located
+	failed []fieldPath // the paths in errs, which validation skips
+}
+
+func newDecoder(name string, file *ast.File) *decoder {
+	d := &decoder{
+		name:      name,
+		anchors:   make(map[string][]*ast.AnchorNode),
+		circular:  make(map[*ast.AliasNode]bool),
+		budget:    maxNodes,
+		positions: make(map[string]pos),
+	}
+	for _, doc := range file.Docs {
+		if doc != nil {
+			d.collectAnchors(doc.Body, nil)
+		}
+	}
+	return d
+}
+
+// collectAnchors records the anchors under n in file order, and marks the
+// aliases that name an anchor they are inside of (&a [*a]): YAML has no
+// such thing, and expanding one would never end. open holds the anchors
+// enclosing n.
+func (d *decoder) collectAnchors(n ast.Node, open []*ast.AnchorNode) {
+	switch t := n.(type) {
+	case *ast.AnchorNode:
+		if t == nil {
+			return
+		}
+		name := tokenValue(t.Name)
+		d.anchors[name] = append(d.anchors[name], t)
+		d.collectAnchors(t.Value, append(open[:len(open):len(open)], t))
+	case *ast.AliasNode:
+		if t == nil || t.Value == nil {
+			return
+		}
+		if as := d.anchors[tokenValue(t.Value)]; len(as) > 0 && slices.Contains(open, as[len(as)-1]) {
+			d.circular[t] = true
+		}
+	case *ast.MappingNode:
+		if t == nil {
+			return
+		}
+		for _, mv := range t.Values {
+			d.collectAnchors(mv, open)
+		}
+	case *ast.MappingValueNode:
+		if t == nil {
+			return
+		}
+		d.collectAnchors(t.Key, open)
+		d.collectAnchors(t.Value, open)
+	case *ast.MappingKeyNode:
+		if t != nil {
+			d.collectAnchors(t.Value, open)
+		}
+	case *ast.SequenceNode:
+		if t == nil {
+			return
+		}
+		for _, el := range t.Values {
+			d.collectAnchors(el, open)
+		}
+	case *ast.TagNode:
+		if t != nil {
+			d.collectAnchors(t.Value, open)
+		}
+	}
+}
+
+func (d *decoder) fail(p fieldPath, at pos, format string, args ...any) {
+	d.errs = append(d.errs, located{FieldError{File: d.name, Line: at.line, Field: p.String(), Msg: fmt.Sprintf(format, args...)}, at})
+	d.failed = append(d.failed, p)
+}
+
+// posOf returns the position of the deepest part of p that is in the file:
+// the key itself, or else the mapping or element it is missing from.
+func (d *decoder) posOf(p fieldPath) pos {
+	for i := len(p); i > 0; i-- {
+		if at, ok := d.positions[p[:i].String()]; ok {
+			return at
+		}
+	}
+	return pos{}
+}
+
+// spend takes one node from the budget, reporting once when it runs out.
+func (d *decoder) spend(p fieldPath, at pos) bool {
+	d.budget--
+	if d.budget == 0 {
+		d.fail(p, at, "config too large: more than %d YAML nodes once aliases are expanded", maxNodes)
+	}
+	return d.budget > 0
+}
+
+// value decodes n onto dst, one of the config structs or their fields.
+func (d *decoder) value(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
+	if !d.spend(p, at) {
+		return
+	}
+	n = d.resolve(n)
+	if a, ok := n.(*ast.AliasNode); ok {
+		d.fail(p, at, "%s", d.aliasProblem(a))
+		return
+	}
+	if isNull(n) && (dst.Kind() == reflect.Struct || dst.Kind() == reflect.Slice) {
+		return // an empty section: keep the defaults
+	}
+	switch {
+	case dst.Type() == rawMessageType:
+		d.userConfig(dst, n, p, at)
+	case dst.Kind() == reflect.Struct:
+		d.mapping(dst, n, p, at)
+	case dst.Kind() == reflect.Slice:
+		d.list(dst, n, p, at)
+	default:
+		d.scalar(dst, n, p, at)
+	}
+}
+
+func (d *decoder) mapping(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
+	entries, ok := d.entries(n, p, at, 0)
+	if !ok {
+		return
+	}
+	t := dst.Type()
+	for _, e := range entries {
+		fp := p.child(e.key)
+		i := fieldIndex(t, e.key)
+		if i < 0 {
+			d.fail(fp, e.at, "unknown field; known fields are %s", strings.Join(fieldNames(t), ", "))
+			continue
+		}
+		d.positions[fp.String()] = e.at
+		d.value(dst.Field(i), e.value, fp, e.at)
+	}
+}
+
+func (d *decoder) list(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
+	seq, ok := n.(*ast.SequenceNode)
+	if !ok {
+		d.fail(p, at, "must be a list, got %s", describe(n))
+		return
+	}
+	s := reflect.MakeSlice(dst.Type(), len(seq.Values), len(seq.Values))
+	for i, el := range seq.Values {
+		ep := p.at(i)
+		elAt := elementPos(seq, i)
+		if elAt.line == 0 {
+			elAt = at
+		}
+		d.positions[ep.String()] = elAt
+		item := s.Index(i)
+		if df, ok := item.Addr().Interface().(defaulter); ok {
+			df.setDefaults()
+		}
+		d.value(item, el, ep, elAt)
+	}
+	dst.Set(s)
+}
+
+func (d *decoder) scalar(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
+	if isCollection(n) {
+		d.fail(p, at, "must be %s, got %s", kindNoun(dst.Kind()), describe(n))
+		return
+	}
+	v, err := scalarValue(n)
+	if err != nil {
+		d.fail(p, at, "%s", errorMessage(err))
+		return
+	}
+	switch dst.Kind() {
+	case reflect.String:
+		if s, ok := v.(string); ok {
+			dst.SetString(s)
+			return
+		}
+	case reflect.Int:
+		if i, ok, inRange := toInt(v); ok {
+			if !inRange {
+				d.fail(p, at, "must be an integer of at most %d bits, got %s", strconv.IntSize, describe(n))
+				return
+			}
+			dst.SetInt(int64(i))
+			return
+		}
+	case reflect.Float64:
+		if f, ok := toFloat(v); ok {
+			dst.SetFloat(f)
+			return
+		}
+	}
+	d.fail(p, at, "must be %s, got %s", kindNoun(dst.Kind()), describe(n))
+}
+
+// userConfig stores a mapping as the JSON object that reconfigure gets.
+func (d *decoder) userConfig(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
+	if !isMapping(n) {
+		d.fail(p, at, "must be a mapping, got %s", describe(n))
+		return
+	}
+	var buf bytes.Buffer
+	if d.json(&buf, n, p, at, 0) {
+		dst.SetBytes(buf.Bytes())
+	}
+}
+
+// json writes n as JSON, keeping the file's key order.
+func (d *decoder) json(buf *bytes.Buffer, n ast.Node, p fieldPath, at pos, depth int) bool {
+	if depth > maxDepth {
+		d.fail(p, at, "nested more than %d levels deep", maxDepth)
+		return false
+	}
+	if !d.spend(p, at) {
+		return false
+	}
+	n = d.resolve(n)
+	switch n := n.(type) {
+	case *ast.AliasNode:
+		d.fail(p, at, "%s", d.aliasProblem(n))
+		return false
+	case *ast.MappingNode, *ast.MappingValueNode:
+		entries, ok := d.entries(n, p, at, depth)
+		if !ok {
+			return false
+		}
+		buf.WriteByte('{')
+		for i, e := range entries {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			key, _ := json.Marshal(e.key) // a string always marshals
+			buf.Write(key)
+			buf.WriteByte(':')
+			if !d.json(buf, e.value, p.child(e.key), e.at, depth+1) {
+				return false
+			}
+		}
+		buf.WriteByte('}')
+	case *ast.SequenceNode:
+		buf.WriteByte('[')
+		for i, el := range n.Values {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			elAt := elementPos(n, i)
+			if elAt.line == 0 {
+				elAt = at
+			}
+			if !d.json(buf, el, p.at(i), elAt, depth+1) {
+				return false
+			}
+		}
+		buf.WriteByte(']')
+	default:
+		v, err := scalarValue(n)
+		if err != nil {
+			d.fail(p, at, "%s", errorMessage(err))
+			return false
+		}
+		if f, ok := v.(float64); ok && (math.IsInf(f, 0) || math.IsNaN(f)) {
+			d.fail(p, at, "%v cannot be represented in JSON", f)
+			return false
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			d.fail(p, at, "%s cannot be represented in JSON: %v", describe(n), err)
+			return false
+		}
+		buf.Write(b)
+	}
+	return true
+}
+
+// entry is one key of a mapping, once merge keys are applied.
+type entry struct {
+	key   string
+	at    pos
+	value ast.Node
+}
+
+// entries lists the keys of mapping n in file order, with those of merge
+// keys (<<) in place of the merge key. As YAML's merge key spec says, the
+// mapping's own keys win over merged ones, and earlier merged mappings
+// over later ones.
+func (d *decoder) entries(n ast.Node, p fieldPath, at pos, depth int) ([]entry, bool) {
+	if depth > maxDepth {
+		d.fail(p, at, "merge keys nested more than %d levels deep", maxDepth)
+		return nil, false
+	}
+	n = d.resolve(n)
+	var pairs []*ast.MappingValueNode
+	switch m := n.(type) {
+	case *ast.MappingNode:
+		pairs = m.Values
+	case *ast.MappingValueNode:
+		pairs = []*ast.MappingValueNode{m}
+	case *ast.AliasNode:
+		d.fail(p, at, "%s", d.aliasProblem(m))
+		return nil, false
+	default:
+		d.fail(p, at, "must be a mapping, got %s", describe(n))
+		return nil, false
+	}
+
+	own := make(map[string]bool, len(pairs))
+	for _, mv := range pairs {
+		if mv != nil && mv.Key != nil && !mv.Key.IsMergeKey() {
+			own[d.keyText(mv.Key)] = true
+		}
+	}
+	seen := make(map[string]bool, len(pairs))
+	var out []entry
+	for _, mv := range pairs {
+		if mv == nil || mv.Key == nil {
+			continue
+		}
+		if mv.Key.IsMergeKey() {
+			for _, src := range d.mergeSources(mv, p, depth) {
+				merged, ok := d.entries(src, p, posOf(mv.Key), depth+1)
+				if !ok {
+					continue
+				}
+				for _, e := range merged {
+					if !own[e.key] && !seen[e.key] {
+						seen[e.key] = true
+						out = append(out, e)
+					}
+				}
+			}
+			continue
+		}
+		key := d.keyText(mv.Key)
+		if seen[key] {
+			// The parser rejects repeated keys; this catches spellings
+			// it tells apart, such as 1 and "1".
+			d.fail(p.child(key), posOf(mv.Key), "duplicate key")
+			continue
+		}
+		seen[key] = true
+		out = append(out, entry{key: key, at: posOf(mv.Key), value: mv.Value})
+	}
+	return out, true
+}
+
+// mergeSources returns the mappings a merge key's value names.
+func (d *decoder) mergeSources(mv *ast.MappingValueNode, p fieldPath, depth int) []ast.Node {
+	v := d.resolve(mv.Value)
+	if isNull(v) {
+		return nil
+	}
+	srcs := []ast.Node{v}
+	if seq, ok := v.(*ast.SequenceNode); ok {
+		srcs = srcs[:0]
+		for _, el := range seq.Values {
+			srcs = append(srcs, d.resolve(el))
+		}
+	}
+	for _, src := range srcs {
+		if a, ok := src.(*ast.AliasNode); ok {
+			d.fail(p, posOf(mv.Key), "%s", d.aliasProblem(a))
+			return nil
+		}
+		if !isMapping(src) {
+			d.fail(p, posOf(mv.Key), "merge key << takes a mapping or a list of mappings, got %s", describe(src))
+			return nil
+		}
+	}
+	return srcs
+}
+
+// resolve looks through anchors, aliases and the tags of collections to
+// the node that holds the value, or nil for none. An alias with no anchor
+// before it is returned as is. The bound stops chains that lead back to
+// themselves.
+func (d *decoder) resolve(n ast.Node) ast.Node {
+	for range 16 {
+		if isNil(n) {
+			return nil // a missing value is a null
+		}
+		switch t := n.(type) {
+		case *ast.AnchorNode:
+			n = t.Value
+		case *ast.AliasNode:
+			a := d.anchorFor(t)
+			if a == nil {
+				return t
+			}
+			n = a.Value
+		case *ast.TagNode:
+			// Scalars keep their tag (!!str 1 is a string); scalarValue
+			// reads it.
+			if t.Value == nil || !isCollection(d.resolve(t.Value)) {
+				return t
+			}
+			n = t.Value
+		default:
+			return n
+		}
+	}
+	return n
+}
+
+// aliasProblem says why an alias that resolve left unresolved is wrong.
+func (d *decoder) aliasProblem(a *ast.AliasNode) string {
+	name := tokenValue(a.Value)
+	if d.circular[a] {
+		return fmt.Sprintf("alias *%s is inside its own anchor &%s", name, name)
+	}
+	return fmt.Sprintf("alias *%s has no anchor &%s before it", name, name)
+}
+
+// anchorFor returns the last anchor of the alias's name defined before it.
+func (d *decoder) anchorFor(alias *ast.AliasNode) *ast.AnchorNode {
+	if alias.Value == nil {
+		return nil
+	}
+	if d.circular[alias] {
+		return nil
+	}
+	at := offsetOf(alias)
+	var found *ast.AnchorNode
+	for _, a := range d.anchors[tokenValue(alias.Value)] {
+		if offsetOf(a) < at {
+			found = a
+		}
+	}
+	return found
+}
+
+// keyText returns a mapping key as the string it names.
+func (d *decoder) keyText(k ast.Node) string {
+	switch t := d.resolve(k).(type) {
+	case *ast.StringNode:
+		return t.Value
+	case *ast.MappingKeyNode:
+		if t.Value != nil {
+			return d.keyText(t.Value)
+		}
+	case *ast.TagNode:
+		if t.Value != nil {
+			return d.keyText(t.Value)
+		}
+	case nil:
+		return ""
+	}
+	return tokenValue(k)
+}
+
+// scalarValue returns a scalar node's value. The common node types are
+// read directly; the rest (tags such as !!str 1, block strings) are decoded
+// as goccy/go-yaml would into an any. Both are the values the parser gave.
+func scalarValue(n ast.Node) (any, error) {
+	switch t := n.(type) {
+	case nil, *ast.NullNode:
+		return nil, nil
+	case *ast.StringNode:
+		return t.Value, nil
+	case *ast.IntegerNode:
+		return t.Value, nil
+	case *ast.FloatNode:
+		return t.Value, nil
+	case *ast.InfinityNode:
+		return t.Value, nil
+	case *ast.NanNode:
+		return math.NaN(), nil
+	case *ast.BoolNode:
+		return t.Value, nil
+	}
+	var v any
+	err := yaml.NodeToValue(n, &v)
+	return v, err
+}
+
+func toInt(v any) (i int, ok, inRange bool) {
+	switch v := v.(type) {
+	case int:
+		return v, true, true
+	case int64:
+		return int(v), true, v >= math.MinInt && v <= math.MaxInt
+	case uint64:
+		return int(v), true, v <= math.MaxInt
+	case uint:
+		return int(v), true, v <= math.MaxInt
+	}
+	return 0, false, false
+}
+
+func toFloat(v any) (float64, bool) {
+	switch v := v.(type) {
+	case float64:
+		return v, true
+	case int:
+		return float64(v), true
+	case int64:
+		return float64(v), true
+	case uint64:
+		return float64(v), true
+	case uint:
+		return float64(v), true
+	}
+	return 0, false
+}
+
+func kindNoun(k reflect.Kind) string {
+	switch k {
+	case reflect.String:
+		return "a string"
+	case reflect.Int:
+		return "an integer"
+	case reflect.Float64:
+		return "a number"
+	}
+	return k.String()
+}
+
+// describe names a node's kind and value for error messages.
+func describe(n ast.Node) string {
+	switch t := n.(type) {
+	case nil, *ast.NullNode:
+		return "null"
+	case *ast.MappingNode, *ast.MappingValueNode:
+		return "a mapping"
+	case *ast.SequenceNode:
+		return "a list"
+	case *ast.StringNode:
+		return "string " + quoteClipped(t.Value)
+	case *ast.LiteralNode:
+		if t.Value != nil {
+			return "string " + quoteClipped(t.Value.Value)
+		}
+		return "a block string"
+	case *ast.IntegerNode:
+		return "integer " + tokenValue(t)
+	case *ast.FloatNode, *ast.InfinityNode, *ast.NanNode:
+		return "number " + tokenValue(t)
+	case *ast.BoolNode:
+		return "boolean " + tokenValue(t)
+	case *ast.TagNode:
+		return tokenValue(t) + " " + describe(t.Value)
+	case *ast.AliasNode:
+		return "an alias"
+	}
+	return quoteClipped(tokenValue(n))
+}
+
+func quoteClipped(s string) string {
+	const max = 40
+	if len(s) > max {
+		return strconv.Quote(s[:max]) + "..."
+	}
+	return strconv.Quote(s)
+}
+
+// isNil reports whether n is nil or a nil pointer in an ast.Node, which
+// the parser leaves for some missing parts.
+func isNil(n ast.Node) bool {
+	if n == nil {
+		return true
+	}
+	v := reflect.ValueOf(n)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
+func isNull(n ast.Node) bool {
+	_, ok := n.(*ast.NullNode)
+	return n == nil || ok
+}
+
+func isMapping(n ast.Node) bool {
+	switch n.(type) {
+	case *ast.MappingNode, *ast.MappingValueNode:
+		return true
+	}
+	return false
+}
+
+func isCollection(n ast.Node) bool {
+	_, seq := n.(*ast.SequenceNode)
+	return seq || isMapping(n)
+}
+
+// isEmpty reports whether a document body holds no value at all.
+func isEmpty(n ast.Node) bool {
+	_, comments := n.(*ast.CommentGroupNode)
+	return n == nil || comments
+}
+
+// fieldIndex returns the index of t's field with the yaml tag key, or -1.
+func fieldIndex(t reflect.Type, key string) int {
+	for i := range t.NumField() {
+		if yamlName(t.Field(i)) == key {
+			return i
+		}
+	}
+	return -1
+}
+
+func fieldNames(t reflect.Type) []string {
+	var names []string
+	for i := range t.NumField() {
+		if name := yamlName(t.Field(i)); name != "" {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+func yamlName(f reflect.StructField) string {
+	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+	if name == "-" || !f.IsExported() {
+		return ""
+	}
+	return name
+}
+
+// pos is a place in the file; line 0 means none.
+type pos struct{ line, col int }
+
+func (a pos) compare(b pos) int {
+	if a.line != b.line {
+		return a.line - b.line
+	}
+	return a.col - b.col
+}
+
+// located is a problem with the position it sorts by.
+type located struct {
+	FieldError
+	at pos
+}
+
+// elementPos returns the position of a list element: its "-" in a block
+// list, so that it sorts before the element's own keys, or else the
+// element's.
+func elementPos(seq *ast.SequenceNode, i int) pos {
+	if i < len(seq.Entries) && seq.Entries[i] != nil {
+		if tk := seq.Entries[i].Start; tk != nil && tk.Position != nil {
+			return pos{tk.Position.Line, tk.Position.Column}
+		}
+	}
+	return posOf(seq.Values[i])
+}
+
+func posOf(n ast.Node) pos {
+	if isNil(n) {
+		return pos{}
+	}
+	if tk := n.GetToken(); tk != nil && tk.Position != nil {
+		return pos{tk.Position.Line, tk.Position.Column}
+	}
+	return pos{}
+}
+
+func offsetOf(n ast.Node) int {
+	if isNil(n) {
+		return 0
+	}
+	if tk := n.GetToken(); tk != nil && tk.Position != nil {
+		return tk.Position.Offset
+	}
+	return 0
+}
+
+func tokenValue(n ast.Node) string {
+	if isNil(n) {
+		return ""
+	}
+	if tk := n.GetToken(); tk != nil {
+		return tk.Value
+	}
+	return ""
+}
+
+// errorLine and errorMessage take goccy/go-yaml's line and message apart,
+// leaving out the source excerpt its Error method adds.
+func errorLine(err error) int {
+	var ye yaml.Error
+	if errors.As(err, &ye) {
+		if tk := ye.GetToken(); tk != nil && tk.Position != nil {
+			return tk.Position.Line
+		}
+	}
+	return 0
+}
+
+func errorMessage(err error) string {
+	var ye yaml.Error
+	if errors.As(err, &ye) {
+		return ye.GetMessage()
+	}
+	return err.Error()
+}

@@ -1,0 +1,64 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"github.com/serveproxy/serveproxy/replica"
+	"github.com/serveproxy/serveproxy/router"
+)
+
+// StatusClientClosedRequest is the status recorded (never sent: there is no
+// one to send it to) when the client goes away before its answer, as nginx
+// and Serve record it.
+const StatusClientClosedRequest = 499
+
+// statusOf maps an error of the request path to the status Serve answers
+// with, in one place. It is the only function that decides statuses for
+// errors.
+func statusOf(err error) int {
+	var bp *router.BackPressureError
+	var pe *replica.PanicError
+	switch {
+	case errors.As(err, &bp), errors.Is(err, router.ErrNoReplicas):
+		return http.StatusServiceUnavailable
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusRequestTimeout
+	case errors.Is(err, context.Canceled):
+		return StatusClientClosedRequest
+	case errors.As(err, &pe):
+		return http.StatusInternalServerError
+	}
+	return http.StatusInternalServerError
+}
+
+// writeError answers a request that failed before its replica wrote
+// anything.
+func writeError(w http.ResponseWriter, status int, msg string) {
+	if status == StatusClientClosedRequest {
+		return // nobody is listening
+	}
+	h := w.Header()
+	if status == http.StatusServiceUnavailable {
+		h.Set("Retry-After", "1")
+	}
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(msg + "\n"))
+}
+
+// errorMessage is the body sent with an error status.
+func errorMessage(status int, err error) string {
+	switch status {
+	case http.StatusServiceUnavailable:
+		if errors.Is(err, router.ErrNoReplicas) {
+			return "No replicas are available"
+		}
+		return "Service unavailable: " + err.Error()
+	case http.StatusRequestTimeout:
+		return "Request timed out"
+	}
+	return "Internal Server Error"
+}

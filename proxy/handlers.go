@@ -1,0 +1,74 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/pprof"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Handler returns the public handler: the proxy's own /-/healthz and
+// /-/routes, and every application route. Nothing on it changes state.
+func (p *Proxy) Handler() http.Handler {
+	r := chi.NewRouter()
+	r.Get("/-/healthz", p.healthz)
+	r.Get("/-/routes", p.routes)
+	r.Handle("/*", http.HandlerFunc(p.serveApp))
+	return r
+}
+
+// AdminHandler returns the admin handler: /metrics from gatherer (the
+// proxy's own registry if nil), /-/healthz, /-/routes and Go's profiler
+// under /debug/pprof/. It belongs on a listener of its own, on loopback by
+// default.
+func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
+	if gatherer == nil {
+		gatherer = p.registry
+	}
+	r := chi.NewRouter()
+	r.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorLog: promLogger{p}}))
+	r.Get("/-/healthz", p.healthz)
+	r.Get("/-/routes", p.routes)
+	r.HandleFunc("/debug/pprof/", pprof.Index)
+	r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	r.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	r.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	r.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	r.Handle("/debug/pprof/{profile}", http.HandlerFunc(pprof.Index))
+	return r
+}
+
+// promLogger sends the metrics handler's errors to the proxy's log.
+type promLogger struct{ p *Proxy }
+
+// Println implements promhttp.Logger.
+func (l promLogger) Println(v ...any) { l.p.opts.Log.Error().Msgf("metrics: %v", v) }
+
+// healthz answers 200 while the proxy takes traffic, 503 before its
+// replicas run and while it drains, as Serve's /-/healthz does.
+func (p *Proxy) healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	switch {
+	case p.draining.Load():
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte("This node is being drained.\n"))
+	case !p.Ready():
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte("Replicas are not running yet.\n"))
+	default:
+		_, _ = w.Write([]byte("success"))
+	}
+}
+
+// routes answers the route table as JSON: route prefix to application.
+func (p *Proxy) routes(w http.ResponseWriter, _ *http.Request) {
+	m := make(map[string]string, len(p.table.Routes()))
+	for _, r := range p.table.Routes() {
+		m[r.Prefix] = r.Application
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(m)
+}

@@ -1,0 +1,211 @@
+package proxy
+
+import (
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// latencyBucketsMS are Ray Serve's default latency buckets, in milliseconds.
+var latencyBucketsMS = []float64{1, 2, 5, 10, 20, 50, 100, 200, 300, 400, 500, 1000, 2000, 5000, 10000, 60000, 120000, 300000, 600000}
+
+// metrics holds the proxy's Prometheus metrics, named as Ray Serve names
+// them without the "ray_" prefix. Observers for a label set are resolved
+// once and cached, so recording a request takes no lock and no allocation.
+type metrics struct {
+	requests      *prometheus.CounterVec
+	errors        *prometheus.CounterVec
+	latency       *prometheus.HistogramVec
+	ongoing       prometheus.Gauge
+	depRequests   *prometheus.CounterVec
+	depErrors     *prometheus.CounterVec
+	depLatency    *prometheus.HistogramVec
+	accessDropped prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, deployments []*Deployment) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "serve_num_http_requests_total",
+			Help: "The number of HTTP requests processed.",
+		}, []string{"route", "method", "application", "status_code"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "serve_num_http_error_requests_total",
+			Help: "The number of HTTP requests answered with a 4xx or 5xx status.",
+		}, []string{"route", "error_code", "method", "application"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "serve_http_request_latency_ms",
+			Help:    "The end-to-end latency of HTTP requests, in milliseconds, measured from the proxy.",
+			Buckets: latencyBucketsMS,
+		}, []string{"route", "method", "application", "status_code"}),
+		ongoing: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "serve_num_ongoing_http_requests",
+			Help: "The number of HTTP requests the proxy is answering now.",
+		}),
+		depRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "serve_deployment_request_counter_total",
+			Help: "The number of requests processed by the replica.",
+		}, []string{"application", "deployment", "replica", "route"}),
+		depErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "serve_deployment_error_counter_total",
+			Help: "The number of requests the replica answered with an error (status 500 or above, or a panic).",
+		}, []string{"application", "deployment", "replica", "route"}),
+		depLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "serve_deployment_processing_latency_ms",
+			Help:    "The time the replica took to process a request, in milliseconds.",
+			Buckets: latencyBucketsMS,
+		}, []string{"application", "deployment", "replica", "route"}),
+		accessDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "serve_proxy_access_log_dropped_total",
+			Help: "Access-log lines dropped because the log writer fell behind (the request path never waits for it).",
+		}),
+	}
+	for _, c := range []prometheus.Collector{
+		m.requests, m.errors, m.latency, m.ongoing, m.depRequests, m.depErrors, m.depLatency, m.accessDropped,
+		&stateCollector{deployments: deployments},
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// httpKey is the part of an HTTP metric's label set that varies per request
+// within one route.
+type httpKey struct {
+	method string
+	status int
+}
+
+// httpObservers are the resolved HTTP metrics of one label set.
+type httpObservers struct {
+	requests prometheus.Counter
+	latency  prometheus.Observer
+	errors   prometheus.Counter // nil below 400
+}
+
+// replicaObservers are the resolved deployment metrics of one replica and route.
+type replicaObservers struct {
+	requests prometheus.Counter
+	errors   prometheus.Counter
+	latency  prometheus.Observer
+}
+
+// routeMetrics caches the resolved observers of one route (the empty route
+// for requests no route matched).
+type routeMetrics struct {
+	http     observerCache[httpKey, *httpObservers]
+	replicas observerCache[string, *replicaObservers]
+}
+
+func (m *metrics) forRoute(route, app, deployment string) *routeMetrics {
+	rm := &routeMetrics{}
+	rm.http.build = func(k httpKey) *httpObservers {
+		code := strconv.Itoa(k.status)
+		o := &httpObservers{
+			requests: m.requests.WithLabelValues(route, k.method, app, code),
+			latency:  m.latency.WithLabelValues(route, k.method, app, code),
+		}
+		if k.status >= 400 {
+			o.errors = m.errors.WithLabelValues(route, code, k.method, app)
+		}
+		return o
+	}
+	rm.replicas.build = func(replicaID string) *replicaObservers {
+		return &replicaObservers{
+			requests: m.depRequests.WithLabelValues(app, deployment, replicaID, route),
+			errors:   m.depErrors.WithLabelValues(app, deployment, replicaID, route),
+			latency:  m.depLatency.WithLabelValues(app, deployment, replicaID, route),
+		}
+	}
+	return rm
+}
+
+// observerCache is a copy-on-write map from label values to resolved
+// observers: reads are one atomic load and a map lookup; a miss, rare after
+// warm-up, copies the map under a lock.
+type observerCache[K comparable, V any] struct {
+	m     atomic.Pointer[map[K]V]
+	mu    sync.Mutex // serializes misses
+	build func(K) V
+}
+
+func (c *observerCache[K, V]) get(k K) V {
+	if m := c.m.Load(); m != nil {
+		if v, ok := (*m)[k]; ok {
+			return v
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := c.m.Load()
+	if old != nil {
+		if v, ok := (*old)[k]; ok {
+			return v
+		}
+	}
+	next := make(map[K]V, 1)
+	if old != nil {
+		for kk, vv := range *old {
+			next[kk] = vv
+		}
+	}
+	v := c.build(k)
+	next[k] = v
+	c.m.Store(&next)
+	return v
+}
+
+// methodLabel bounds the method label's values: any other method is
+// "OTHER", so a client cannot grow the metric's cardinality at will.
+func methodLabel(m string) string {
+	switch m {
+	case "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE":
+		return m
+	}
+	return "OTHER"
+}
+
+// stateCollector reads queue lengths, replica load and health at scrape
+// time, so that the request path pays nothing for them.
+type stateCollector struct {
+	deployments []*Deployment
+}
+
+var (
+	queuedDesc = prometheus.NewDesc("serve_deployment_queued_queries",
+		"The number of requests waiting for a replica of the deployment.",
+		[]string{"application", "deployment"}, nil)
+	processingDesc = prometheus.NewDesc("serve_replica_processing_queries",
+		"The number of requests the replica is processing now.",
+		[]string{"application", "deployment", "replica"}, nil)
+	healthyDesc = prometheus.NewDesc("serve_deployment_replica_healthy",
+		"Whether the replica is healthy (1) or not (0).",
+		[]string{"application", "deployment", "replica"}, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- queuedDesc
+	ch <- processingDesc
+	ch <- healthyDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, d := range c.deployments {
+		app, name := d.App(), d.Name()
+		ch <- prometheus.MustNewConstMetric(queuedDesc, prometheus.GaugeValue, float64(d.Scheduler.Queued()), app, name)
+		for _, l := range d.Replicas() {
+			ch <- prometheus.MustNewConstMetric(processingDesc, prometheus.GaugeValue, float64(l.Ongoing()), app, name, l.ID())
+			healthy := 0.0
+			if d.Healthy(l) {
+				healthy = 1
+			}
+			ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, healthy, app, name, l.ID())
+		}
+	}
+}

@@ -1,0 +1,200 @@
+// Package proxy is the HTTP side of serveproxy: the public server that
+// routes requests to applications' replicas, the admin server (metrics,
+// profiling), the mapping of errors to Serve's status codes, the access log
+// and the metrics.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
+
+	"github.com/serveproxy/serveproxy/replica"
+	"github.com/serveproxy/serveproxy/router"
+)
+
+// Deployment is a deployment's controller together with the scheduler that
+// routes requests to its replicas.
+type Deployment struct {
+	*replica.Deployment
+	Scheduler *router.Scheduler
+}
+
+// NewDeployment builds a deployment's replicas and its scheduler, wired so
+// that every freed slot reaches the scheduler's waiters. maxQueued < 0
+// means no limit.
+func NewDeployment(spec replica.DeploymentSpec, maxQueued int, log zerolog.Logger) (*Deployment, error) {
+	s := router.NewScheduler(nil, maxQueued)
+	d, err := replica.NewDeployment(spec, replica.Hooks{
+		OnChange:  s.SetReplicas,
+		OnRelease: s.Notify,
+		Log:       log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Deployment{Deployment: d, Scheduler: s}, nil
+}
+
+// Application is a set of deployments served under one route prefix; the
+// first deployment is the ingress, which receives the HTTP requests.
+type Application struct {
+	Name        string
+	RoutePrefix string
+	Deployments []*Deployment
+}
+
+// Options configure a Proxy.
+type Options struct {
+	// Applications to serve; their route prefixes must be unique.
+	Applications []*Application
+	// RequestTimeout bounds each request end to end (408 past it). Zero
+	// means no timeout, as in Serve.
+	RequestTimeout time.Duration
+	// MaxBodyBytes bounds request bodies (413 past it). Zero means no limit.
+	MaxBodyBytes int64
+	// Log receives the proxy's own events. The zero Logger logs nothing.
+	Log zerolog.Logger
+	// AccessLog, if not nil, receives one line per request, through a
+	// non-blocking buffer (see NewAccessLogger). Close flushes it.
+	AccessLog io.Writer
+	// LogFormat is the access log's format: "json" (if empty) or "console".
+	LogFormat string
+	// Registerer takes the proxy's metrics. If nil, they are registered on
+	// a new registry of the proxy's own, returned by Registry.
+	Registerer prometheus.Registerer
+}
+
+// Proxy routes HTTP requests to applications' replicas.
+type Proxy struct {
+	opts        Options
+	table       *router.Table
+	deployments []*Deployment
+	metrics     *metrics
+	registry    *prometheus.Registry   // nil when Options.Registerer was given
+	notFound    *routeMetrics          // metrics of requests no route matched
+	routeMeta   map[*router.Route]*routeState
+	access      *AccessLogger // nil without an access log
+	draining    atomic.Bool
+	started     atomic.Bool
+}
+
+// routeState is what the request path needs about a route beyond the
+// router's view of it.
+type routeState struct {
+	metrics *routeMetrics
+}
+
+// New builds a proxy. Its deployments take requests once Start is called.
+func New(opts Options) (*Proxy, error) {
+	p := &Proxy{opts: opts, routeMeta: make(map[*router.Route]*routeState)}
+	reg := opts.Registerer
+	if reg == nil {
+		p.registry = prometheus.NewRegistry()
+		p.registry.MustRegister(
+			collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsGC, collectors.MetricsMemory, collectors.MetricsScheduler)),
+			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		)
+		reg = p.registry
+	}
+	var routes []router.Route
+	for _, app := range opts.Applications {
+		if len(app.Deployments) == 0 {
+			return nil, fmt.Errorf("application %q has no deployments", app.Name)
+		}
+		p.deployments = append(p.deployments, app.Deployments...)
+		ingress := app.Deployments[0]
+		routes = append(routes, router.Route{
+			Prefix:      app.RoutePrefix,
+			Application: app.Name,
+			Deployment:  ingress.Name(),
+			Scheduler:   ingress.Scheduler,
+		})
+	}
+	table, err := router.NewTable(routes)
+	if err != nil {
+		return nil, err
+	}
+	p.table = table
+	if p.metrics, err = newMetrics(reg, p.deployments); err != nil {
+		return nil, err
+	}
+	if opts.AccessLog != nil {
+		p.access = NewAccessLogger(opts.AccessLog, opts.LogFormat, func(n int) { p.metrics.accessDropped.Add(float64(n)) })
+	}
+	p.notFound = p.metrics.forRoute("", "", "")
+	for _, r := range table.Routes() {
+		p.routeMeta[r] = &routeState{metrics: p.metrics.forRoute(r.Prefix, r.Application, r.Deployment)}
+	}
+	return p, nil
+}
+
+// Registry returns the proxy's own metrics registry, or nil when
+// Options.Registerer was given.
+func (p *Proxy) Registry() *prometheus.Registry { return p.registry }
+
+// Deployments returns every deployment of every application.
+func (p *Proxy) Deployments() []*Deployment { return p.deployments }
+
+// Start makes every deployment's replicas take requests.
+func (p *Proxy) Start() {
+	for _, d := range p.deployments {
+		d.Start()
+	}
+	p.started.Store(true)
+}
+
+// SetDraining makes /-/healthz answer 503, so that load balancers stop
+// sending new traffic; requests are still served.
+func (p *Proxy) SetDraining() { p.draining.Store(true) }
+
+// Ready reports whether the proxy should receive traffic: started, not
+// draining, and every deployment has a running replica.
+func (p *Proxy) Ready() bool {
+	if !p.started.Load() || p.draining.Load() {
+		return false
+	}
+	for _, d := range p.deployments {
+		if d.Running() == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// GracefulShutdownTimeout is the longest graceful_shutdown_timeout of the
+// proxy's deployments: how long shutdown waits for requests in flight.
+func (p *Proxy) GracefulShutdownTimeout() time.Duration {
+	var t time.Duration
+	for _, d := range p.deployments {
+		t = max(t, d.Spec().GracefulShutdownTimeout)
+	}
+	return t
+}
+
+// Stop stops every deployment, waiting up to ctx's deadline for their
+// requests to finish.
+func (p *Proxy) Stop(ctx context.Context) error {
+	var errs []error
+	for _, d := range p.deployments {
+		if err := d.Stop(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("application %q deployment %q: %w", d.App(), d.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close flushes the access log. Call it after the servers have stopped.
+func (p *Proxy) Close() error {
+	if p.access == nil {
+		return nil
+	}
+	return p.access.Close()
+}

@@ -1,0 +1,536 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/serveproxy/serveproxy/replica"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testDeployment describes one deployment of a test proxy.
+type testDeployment struct {
+	app, prefix string
+	factory     replica.Factory
+	replicas    int
+	maxOngoing  int
+	maxQueued   int
+}
+
+// testProxy is a proxy serving on loopback listeners.
+type testProxy struct {
+	*Proxy
+	url, adminURL string
+	access        *syncBuffer
+	stop          func() error
+}
+
+// syncBuffer is an io.Writer safe for concurrent use, for the access log.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func startProxy(t *testing.T, opts Options, deps ...testDeployment) *testProxy {
+	t.Helper()
+	apps := map[string]*Application{}
+	var order []*Application
+	for _, td := range deps {
+		if td.replicas == 0 {
+			td.replicas = 1
+		}
+		if td.maxOngoing == 0 {
+			td.maxOngoing = 5
+		}
+		if td.maxQueued == 0 {
+			td.maxQueued = -1
+		}
+		d, err := NewDeployment(replica.DeploymentSpec{
+			App: td.app, Name: td.app + "-dep", Factory: td.factory,
+			NumReplicas: td.replicas, MaxOngoingRequests: td.maxOngoing,
+			HealthCheckPeriod: time.Hour, HealthCheckTimeout: time.Second,
+			GracefulShutdownTimeout: 10 * time.Second,
+		}, td.maxQueued, opts.Log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := apps[td.app]
+		if a == nil {
+			a = &Application{Name: td.app, RoutePrefix: td.prefix}
+			apps[td.app] = a
+			order = append(order, a)
+		}
+		a.Deployments = append(a.Deployments, d)
+	}
+	opts.Applications = order
+	access := &syncBuffer{}
+	if opts.AccessLog == nil {
+		opts.AccessLog = access
+	}
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adm, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		errc <- p.Serve(ctx, pub, adm, ServerOptions{ReadHeaderTimeout: 5 * time.Second, KeepAliveTimeout: 90 * time.Second, MaxHeaderBytes: 8 << 10})
+	}()
+	var once sync.Once
+	var stopErr error
+	tp := &testProxy{Proxy: p, url: "http://" + pub.Addr().String(), adminURL: "http://" + adm.Addr().String(), access: access}
+	tp.stop = func() error {
+		once.Do(func() {
+			cancel()
+			stopErr = <-errc
+			http.DefaultClient.CloseIdleConnections()
+		})
+		return stopErr
+	}
+	t.Cleanup(func() {
+		if err := tp.stop(); err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	waitFor(t, "proxy ready", func() bool { return p.Ready() })
+	return tp
+}
+
+// waitFor polls cond for at most 10 seconds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func get(t *testing.T, url string, header ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+func static(body string) replica.Factory {
+	return func(json.RawMessage) (replica.Handler, error) {
+		return replica.NewStatic(json.RawMessage(fmt.Sprintf(`{"body":%q}`, body)))
+	}
+}
+
+func handlerFunc(f http.HandlerFunc) replica.Factory {
+	return func(json.RawMessage) (replica.Handler, error) { return f, nil }
+}
+
+func TestRoutingAndOwnEndpoints(t *testing.T) {
+	tp := startProxy(t, Options{},
+		testDeployment{app: "api", prefix: "/api", factory: static("api")},
+		testDeployment{app: "v2", prefix: "/api/v2", factory: static("v2")},
+	)
+	for path, want := range map[string]string{"/api": "api", "/api/x": "api", "/api/v2/m": "v2", "/api/v20": "api"} {
+		if resp, b := get(t, tp.url+path); resp.StatusCode != 200 || b != want {
+			t.Errorf("%s: %d %q, want 200 %q", path, resp.StatusCode, b, want)
+		}
+	}
+	resp, b := get(t, tp.url+"/nope")
+	if resp.StatusCode != 404 || !strings.Contains(b, "/-/routes") {
+		t.Fatalf("unknown path: %d %q, want 404 naming /-/routes", resp.StatusCode, b)
+	}
+	resp, b = get(t, tp.url+"/-/routes")
+	var routes map[string]string
+	if err := json.Unmarshal([]byte(b), &routes); err != nil || routes["/api"] != "api" || routes["/api/v2"] != "v2" {
+		t.Fatalf("/-/routes = %d %q", resp.StatusCode, b)
+	}
+	if resp, b := get(t, tp.url+"/-/healthz"); resp.StatusCode != 200 || b != "success" {
+		t.Fatalf("/-/healthz = %d %q", resp.StatusCode, b)
+	}
+	// The public port has no metrics and nothing of the admin's.
+	if resp, _ := get(t, tp.url+"/metrics"); resp.StatusCode != 404 {
+		t.Fatalf("/metrics on the public port = %d, want 404", resp.StatusCode)
+	}
+}
+
+func TestRequestID(t *testing.T) {
+	var seen atomic.Value
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen.Store(r.Header.Get("X-Request-ID"))
+	})})
+	resp, _ := get(t, tp.url+"/", "X-Request-ID", "abc-123")
+	if got := resp.Header.Get("X-Request-ID"); got != "abc-123" || seen.Load() != "abc-123" {
+		t.Fatalf("echoed %q, replica saw %q, want abc-123", got, seen.Load())
+	}
+	resp, _ = get(t, tp.url+"/")
+	id := resp.Header.Get("X-Request-ID")
+	if len(id) != 36 || seen.Load() != id {
+		t.Fatalf("generated id %q (replica saw %q), want a 36-character UUID seen by both", id, seen.Load())
+	}
+}
+
+// TestLimitNeverExceeded sends far more concurrent requests than there are
+// slots and checks that no replica ever held more than its limit, by the
+// handler's own count and by the replica's.
+func TestLimitNeverExceeded(t *testing.T) {
+	for max := 1; max <= 5; max++ {
+		t.Run(fmt.Sprint("max_ongoing_requests=", max), func(t *testing.T) {
+			var mu sync.Mutex
+			var peaks []*atomic.Int64
+			factory := func(json.RawMessage) (replica.Handler, error) {
+				var in, peak atomic.Int64
+				mu.Lock()
+				peaks = append(peaks, &peak)
+				mu.Unlock()
+				return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					n := in.Add(1)
+					defer in.Add(-1)
+					for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+					}
+					time.Sleep(time.Millisecond)
+					_, _ = io.WriteString(w, "ok")
+				}), nil
+			}
+			tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: factory, replicas: 3, maxOngoing: max})
+			var wg sync.WaitGroup
+			var failed atomic.Int64
+			for range 40 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range 15 {
+						resp, err := http.Get(tp.url + "/")
+						if err != nil {
+							failed.Add(1)
+							continue
+						}
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						if resp.StatusCode != 200 {
+							failed.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if failed.Load() != 0 {
+				t.Fatalf("%d requests failed", failed.Load())
+			}
+			for _, p := range peaks {
+				if p.Load() > int64(max) {
+					t.Fatalf("a handler saw %d concurrent requests, limit %d", p.Load(), max)
+				}
+			}
+			for _, l := range tp.Deployments()[0].Replicas() {
+				if l.Peak() > max {
+					t.Fatalf("replica %s peaked at %d, limit %d", l.ID(), l.Peak(), max)
+				}
+			}
+		})
+	}
+}
+
+// blocker is a handler that holds every request until released.
+type blocker struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+func newBlocker() *blocker {
+	return &blocker{entered: make(chan struct{}, 100), release: make(chan struct{})}
+}
+
+func (b *blocker) factory(json.RawMessage) (replica.Handler, error) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b.entered <- struct{}{}
+		select {
+		case <-b.release:
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, r.URL.Query().Get("n"))
+	}), nil
+}
+
+func TestQueueThenBackPressure(t *testing.T) {
+	b := newBlocker()
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: b.factory, maxOngoing: 1, maxQueued: 2})
+	sched := tp.Deployments()[0].Scheduler
+	type answer struct {
+		n      int
+		status int
+		body   string
+	}
+	answers := make(chan answer, 3)
+	for n := range 3 {
+		go func() {
+			resp, err := http.Get(fmt.Sprintf("%s/?n=%d", tp.url, n))
+			if err != nil {
+				answers <- answer{n: n, status: -1, body: err.Error()}
+				return
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			answers <- answer{n, resp.StatusCode, string(body)}
+		}()
+		if n == 0 {
+			<-b.entered
+		} else {
+			waitFor(t, fmt.Sprint(n, " queued"), func() bool { return sched.Queued() == n })
+		}
+	}
+	resp, body := get(t, tp.url+"/?n=3")
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "max_queued_requests=2") {
+		t.Fatalf("over the queue: %d %q (Retry-After %q), want 503 with Retry-After", resp.StatusCode, body, resp.Header.Get("Retry-After"))
+	}
+	close(b.release)
+	for range 3 {
+		a := <-answers
+		if a.status != 200 || a.body != fmt.Sprint(a.n) {
+			t.Fatalf("request %d: %d %q", a.n, a.status, a.body)
+		}
+	}
+}
+
+func TestTimeout408(t *testing.T) {
+	var stubborn atomic.Int64
+	tp := startProxy(t, Options{RequestTimeout: 50 * time.Millisecond},
+		testDeployment{app: "sleepy", prefix: "/sleepy", factory: func(json.RawMessage) (replica.Handler, error) {
+			return replica.NewSleep(json.RawMessage(`{"ms": 10000}`))
+		}},
+		// A handler that ignores its context: the proxy still answers at the
+		// deadline, and the replica's slot stays held until it returns.
+		testDeployment{app: "stubborn", prefix: "/stubborn", maxOngoing: 1, factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			stubborn.Add(1)
+			defer stubborn.Add(-1)
+			time.Sleep(300 * time.Millisecond)
+			_, _ = io.WriteString(w, "late")
+		})},
+	)
+	for _, path := range []string{"/sleepy", "/stubborn"} {
+		start := time.Now()
+		resp, body := get(t, tp.url+path)
+		if resp.StatusCode != 408 {
+			t.Fatalf("%s: %d %q, want 408", path, resp.StatusCode, body)
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("%s: answered after %v", path, time.Since(start))
+		}
+	}
+	stub := tp.Deployments()[1].Replicas()[0]
+	if stub.Ongoing() != 1 || stubborn.Load() != 1 {
+		t.Fatalf("stubborn replica ongoing = %d (handler %d), want its slot held while it runs", stub.Ongoing(), stubborn.Load())
+	}
+	waitFor(t, "stubborn handler done", func() bool { return stub.Ongoing() == 0 })
+}
+
+func TestClientGone499(t *testing.T) {
+	b := newBlocker()
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: b.factory})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", tp.url+"/", nil)
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-b.entered
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("client: %v", err)
+	}
+	waitFor(t, "499 in the metrics", func() bool {
+		_, m := get(t, tp.adminURL+"/metrics")
+		return strings.Contains(m, `serve_num_http_requests_total{application="a",method="GET",route="/",status_code="499"} 1`)
+	})
+	waitFor(t, "499 in the access log", func() bool { return strings.Contains(tp.access.String(), `"status":499`) })
+	if l := tp.Deployments()[0].Replicas()[0]; l.Ongoing() != 0 {
+		t.Fatalf("replica still holds %d requests", l.Ongoing())
+	}
+}
+
+func TestPanic500(t *testing.T) {
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("panic") != "" {
+			panic("boom")
+		}
+		_, _ = io.WriteString(w, "fine")
+	})})
+	if resp, _ := get(t, tp.url+"/?panic=1"); resp.StatusCode != 500 {
+		t.Fatalf("panic: %d, want 500", resp.StatusCode)
+	}
+	if resp, b := get(t, tp.url+"/"); resp.StatusCode != 200 || b != "fine" {
+		t.Fatalf("after the panic: %d %q, want the replica still serving", resp.StatusCode, b)
+	}
+}
+
+func TestLimits413And431(t *testing.T) {
+	tp := startProxy(t, Options{MaxBodyBytes: 1024}, testDeployment{app: "a", prefix: "/", factory: replica.NewEcho})
+	resp, err := http.Post(tp.url+"/", "text/plain", strings.NewReader(strings.Repeat("x", 2048)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 413 {
+		t.Fatalf("declared big body: %d, want 413", resp.StatusCode)
+	}
+	// A chunked body that only turns out too large while being read.
+	resp, err = http.Post(tp.url+"/", "text/plain", io.MultiReader(strings.NewReader(strings.Repeat("x", 2048))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 413 {
+		t.Fatalf("chunked big body: %d, want 413", resp.StatusCode)
+	}
+	resp, _ = get(t, tp.url+"/", "X-Big", strings.Repeat("y", 64<<10))
+	if resp.StatusCode != 431 {
+		t.Fatalf("big header: %d, want 431", resp.StatusCode)
+	}
+}
+
+func TestMetricsPresent(t *testing.T) {
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/a", factory: static("hi")})
+	get(t, tp.url+"/a")
+	get(t, tp.url+"/missing")
+	_, m := get(t, tp.adminURL+"/metrics")
+	dep := tp.Deployments()[0]
+	rid := dep.Replicas()[0].ID()
+	for _, want := range []string{
+		`serve_num_http_requests_total{application="a",method="GET",route="/a",status_code="200"} 1`,
+		`serve_num_http_requests_total{application="",method="GET",route="",status_code="404"} 1`,
+		`serve_num_http_error_requests_total{application="",error_code="404",method="GET",route=""} 1`,
+		`serve_http_request_latency_ms_bucket{application="a",method="GET",route="/a",status_code="200",le="1"}`,
+		`serve_num_ongoing_http_requests `,
+		`serve_deployment_queued_queries{application="a",deployment="a-dep"} 0`,
+		`serve_replica_processing_queries{application="a",deployment="a-dep",replica="` + rid + `"} 0`,
+		`serve_deployment_request_counter_total{application="a",deployment="a-dep",replica="` + rid + `",route="/a"} 1`,
+		`serve_deployment_error_counter_total{application="a",deployment="a-dep",replica="` + rid + `",route="/a"} 0`,
+		`serve_deployment_processing_latency_ms_bucket{application="a",deployment="a-dep",replica="` + rid + `",route="/a",le="1"}`,
+		`serve_deployment_replica_healthy{application="a",deployment="a-dep",replica="` + rid + `"} 1`,
+		`serve_proxy_access_log_dropped_total 0`,
+		`go_gc_duration_seconds`,
+		`process_resident_memory_bytes`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+func TestAccessLogLine(t *testing.T) {
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: static("hi")})
+	get(t, tp.url+"/x?q=1", "X-Request-ID", "rid-1")
+	waitFor(t, "the access-log line", func() bool { return strings.Contains(tp.access.String(), "rid-1") })
+	var line map[string]any
+	for _, l := range strings.Split(tp.access.String(), "\n") {
+		if strings.Contains(l, "rid-1") {
+			if err := json.Unmarshal([]byte(l), &line); err != nil {
+				t.Fatalf("access log line %q: %v", l, err)
+			}
+		}
+	}
+	for _, k := range []string{"time", "request_id", "method", "path", "status", "latency_ms", "application", "route", "deployment", "replica"} {
+		if _, ok := line[k]; !ok {
+			t.Errorf("access log line lacks %q: %v", k, line)
+		}
+	}
+	if line["path"] != "/x" || line["status"] != float64(200) {
+		t.Fatalf("access log line = %v", line)
+	}
+}
+
+// TestGracefulShutdownUnderLoad stops the proxy while requests are in
+// flight: every request the proxy accepted gets its answer.
+func TestGracefulShutdownUnderLoad(t *testing.T) {
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", replicas: 4, maxOngoing: 5, factory: func(json.RawMessage) (replica.Handler, error) {
+		return replica.NewSleep(json.RawMessage(`{"ms": 20, "body": "ok"}`))
+	}})
+	var ok, refused, failed atomic.Int64
+	var wg sync.WaitGroup
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 50}}
+	defer client.CloseIdleConnections()
+	for range 30 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				resp, err := client.Get(tp.url + "/")
+				if err != nil {
+					var op *net.OpError
+					if errors.As(err, &op) && op.Op == "dial" {
+						refused.Add(1) // not accepted: the listener is closed
+						return
+					}
+					failed.Add(1)
+					t.Log(err)
+					return
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || string(body) != "ok" {
+					failed.Add(1)
+					t.Logf("status %d %q", resp.StatusCode, body)
+					return
+				}
+				ok.Add(1)
+			}
+		}()
+	}
+	waitFor(t, "load to build", func() bool { return ok.Load() > 100 })
+	if err := tp.stop(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	t.Logf("answered %d, refused after close %d, failed %d", ok.Load(), refused.Load(), failed.Load())
+	if failed.Load() != 0 {
+		t.Fatalf("%d accepted requests failed during shutdown", failed.Load())
+	}
+}

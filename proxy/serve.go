@@ -1,0 +1,220 @@
+package proxy
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/serveproxy/serveproxy/replica"
+	"github.com/serveproxy/serveproxy/router"
+)
+
+const requestIDHeader = "X-Request-Id" // canonical form of X-Request-ID
+
+// newRequestID returns a random UUID (version 4 layout) from the runtime's
+// fast per-thread generator: request ids must be unique, not secret.
+func newRequestID() string {
+	var b [16]byte
+	hi, lo := rand.Uint64(), rand.Uint64()
+	for i := range 8 {
+		b[i], b[8+i] = byte(hi>>(8*i)), byte(lo>>(8*i))
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	var s [36]byte
+	hex.Encode(s[0:8], b[0:4])
+	s[8] = '-'
+	hex.Encode(s[9:13], b[4:6])
+	s[13] = '-'
+	hex.Encode(s[14:18], b[6:8])
+	s[18] = '-'
+	hex.Encode(s[19:23], b[8:10])
+	s[23] = '-'
+	hex.Encode(s[24:], b[10:])
+	return string(s[:])
+}
+
+// result is what one request came to, for logs and metrics.
+type result struct {
+	route   *router.Route
+	replica replica.Handle
+	status  int
+	// replicaStart is when the replica began the request (zero if it never did).
+	replicaStart time.Time
+	replicaEnd   time.Time
+	err          error
+	// abort is set when the replica failed after its response had begun:
+	// the connection must be cut so the client cannot take a truncated
+	// answer for a whole one.
+	abort bool
+}
+
+// serveApp is the request path of every application route.
+func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	p.metrics.ongoing.Inc()
+	defer p.metrics.ongoing.Dec()
+
+	id := r.Header.Get(requestIDHeader)
+	if id == "" {
+		id = newRequestID()
+		r.Header[requestIDHeader] = []string{id} // the replica sees it too
+	}
+	w.Header()[requestIDHeader] = []string{id}
+
+	sw := getStatusWriter(w)
+	defer putStatusWriter(sw)
+	res := p.route(sw, r)
+	p.record(r, id, start, &res)
+	if res.abort {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// route finds the request's application and replica and runs it there.
+func (p *Proxy) route(sw *statusWriter, r *http.Request) result {
+	rt := p.table.Match(r.URL.Path)
+	if rt == nil {
+		sw.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		sw.WriteHeader(http.StatusNotFound)
+		fmt.Fprintf(sw, "Path '%s' not found. Ping http://%s/-/routes for the available routes.\n", r.URL.Path, r.Host)
+		return result{status: http.StatusNotFound}
+	}
+	res := result{route: rt}
+	if limit := p.opts.MaxBodyBytes; limit > 0 && r.Body != http.NoBody && r.Body != nil {
+		if r.ContentLength > limit {
+			res.status = http.StatusRequestEntityTooLarge
+			writeError(sw, res.status, fmt.Sprintf("Request body too large: %d bytes, the limit is %d", r.ContentLength, limit))
+			return res
+		}
+		r.Body = http.MaxBytesReader(sw, r.Body, limit)
+	}
+	ctx := r.Context()
+	if t := p.opts.RequestTimeout; t > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t)
+		defer cancel()
+		r = r.WithContext(ctx)
+	}
+
+	h, release, err := rt.Scheduler.Acquire(ctx)
+	if err != nil {
+		res.err = err
+		res.status = statusOf(err)
+		writeError(sw, res.status, errorMessage(res.status, err))
+		return res
+	}
+	res.replica = h
+	res.replicaStart = time.Now()
+	if p.opts.RequestTimeout > 0 {
+		res.err = p.serveWithDeadline(ctx, h, release, sw, r)
+	} else {
+		res.err = h.Serve(sw, r)
+		release()
+	}
+	res.replicaEnd = time.Now()
+	res.abort = res.err != nil && sw.wroteHeader
+	res.status = p.finish(sw, r, res.err)
+	return res
+}
+
+// serveWithDeadline runs the handler in its own goroutine so that the proxy
+// can answer 408 at the deadline even if the handler ignores its context.
+// The replica's slot is held until the handler really returns: the limit
+// counts work being done, not requests being waited for.
+func (p *Proxy) serveWithDeadline(ctx context.Context, h replica.Handle, release func(), sw *statusWriter, r *http.Request) error {
+	dw := newDeadlineWriter(sw)
+	done := make(chan error, 1)
+	go func() {
+		defer release()
+		done <- h.Serve(dw, r)
+	}()
+	select {
+	case err := <-done:
+		dw.close()
+		return err
+	case <-ctx.Done():
+	}
+	// If the response had begun, it is too late for a status: route sees
+	// that and aborts the connection.
+	dw.close()
+	return ctx.Err()
+}
+
+// finish decides a served request's status, answering for the replica when
+// it failed before writing anything.
+func (p *Proxy) finish(sw *statusWriter, r *http.Request, err error) int {
+	if err != nil {
+		status := statusOf(err)
+		var pe *replica.PanicError
+		if errors.As(err, &pe) {
+			p.opts.Log.Error().Str("panic", fmt.Sprint(pe.Value)).Bytes("stack", pe.Stack).
+				Str("path", r.URL.Path).Msg("handler panicked; answered 500")
+		}
+		if !sw.wroteHeader {
+			writeError(sw, status, errorMessage(status, err))
+		}
+		return status
+	}
+	if !sw.wroteHeader && r.Context().Err() != nil {
+		// The client left, and the handler gave up on it.
+		return statusOf(r.Context().Err())
+	}
+	if !sw.wroteHeader {
+		return http.StatusOK // net/http sends an empty 200
+	}
+	return sw.status
+}
+
+// record writes the request's metrics and access-log line.
+func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result) {
+	elapsed := time.Since(start)
+	method := methodLabel(r.Method)
+	rm := p.notFound
+	var route, app, deployment, replicaID string
+	if res.route != nil {
+		rm = p.routeMeta[res.route].metrics
+		route, app, deployment = res.route.Prefix, res.route.Application, res.route.Deployment
+	}
+	ms := float64(elapsed) / float64(time.Millisecond)
+	o := rm.http.get(httpKey{method: method, status: res.status})
+	o.requests.Inc()
+	o.latency.Observe(ms)
+	if o.errors != nil {
+		o.errors.Inc()
+	}
+	if res.replica != nil {
+		replicaID = res.replica.ID()
+		ro := rm.replicas.get(replicaID)
+		ro.requests.Inc()
+		ro.latency.Observe(float64(res.replicaEnd.Sub(res.replicaStart)) / float64(time.Millisecond))
+		if res.status >= 500 {
+			ro.errors.Inc()
+		}
+	}
+	if p.access == nil {
+		return
+	}
+	var e *zerolog.Event
+	if res.status >= 500 && res.status != StatusClientClosedRequest {
+		e = p.access.Warn()
+	} else {
+		e = p.access.Info()
+	}
+	e.Str("request_id", id).
+		Str("method", r.Method).
+		Str("path", r.URL.Path).
+		Int("status", res.status).
+		Float64("latency_ms", ms).
+		Str("application", app).
+		Str("route", route).
+		Str("deployment", deployment).
+		Str("replica", replicaID).
+		Msg("")
+}

@@ -1,0 +1,94 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	stdlog "log"
+	"net"
+	"net/http"
+	"time"
+)
+
+// ServerOptions are the HTTP servers' settings.
+type ServerOptions struct {
+	// ReadHeaderTimeout bounds reading a request's headers (slowloris).
+	ReadHeaderTimeout time.Duration
+	// KeepAliveTimeout is how long an idle keep-alive connection is kept.
+	KeepAliveTimeout time.Duration
+	// MaxHeaderBytes bounds a request's headers (431 past it).
+	MaxHeaderBytes int
+}
+
+// Serve starts the proxy's deployments, serves the public handler on public
+// and the admin handler on admin (which may be nil), and runs until ctx is
+// done. Then it shuts down gracefully: /-/healthz answers 503, the
+// listeners stop accepting, requests in flight finish (for up to the
+// deployments' graceful_shutdown_timeout_s), replicas stop, the access log
+// is flushed. It returns nil after a clean shutdown.
+func (p *Proxy) Serve(ctx context.Context, public, admin net.Listener, so ServerOptions) error {
+	errLog := stdlog.New(p.opts.Log.With().Str("component", "http").Logger(), "", 0)
+	pub := &http.Server{
+		Handler:           p.Handler(),
+		ReadHeaderTimeout: so.ReadHeaderTimeout,
+		IdleTimeout:       so.KeepAliveTimeout,
+		MaxHeaderBytes:    so.MaxHeaderBytes,
+		ErrorLog:          errLog,
+	}
+	p.Start()
+	errc := make(chan error, 2)
+	go func() { errc <- pub.Serve(public) }()
+	var adm *http.Server
+	if admin != nil {
+		adm = &http.Server{
+			Handler:           p.AdminHandler(nil),
+			ReadHeaderTimeout: so.ReadHeaderTimeout,
+			IdleTimeout:       so.KeepAliveTimeout,
+			MaxHeaderBytes:    so.MaxHeaderBytes,
+			ErrorLog:          errLog,
+		}
+		go func() { errc <- adm.Serve(admin) }()
+	}
+	p.opts.Log.Info().Str("http_addr", public.Addr().String()).Str("admin_addr", addrOf(admin)).
+		Int("applications", len(p.opts.Applications)).Msg("serving")
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+		p.opts.Log.Error().Err(serveErr).Msg("a listener failed; shutting down")
+	}
+
+	p.SetDraining()
+	grace := p.GracefulShutdownTimeout()
+	p.opts.Log.Info().Stringer("graceful_shutdown_timeout", grace).Msg("draining: no new connections, finishing requests in flight")
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	var errs []error
+	if err := pub.Shutdown(sctx); err != nil {
+		p.opts.Log.Warn().Err(err).Msg("requests still running at the graceful shutdown timeout; closing their connections")
+		errs = append(errs, pub.Close())
+	}
+	if err := p.Stop(sctx); err != nil {
+		errs = append(errs, err)
+	}
+	if adm != nil {
+		actx, acancel := context.WithTimeout(context.Background(), time.Second)
+		defer acancel()
+		if err := adm.Shutdown(actx); err != nil {
+			errs = append(errs, adm.Close())
+		}
+	}
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+		errs = append(errs, serveErr)
+	}
+	p.opts.Log.Info().Msg("stopped")
+	errs = append(errs, p.Close())
+	return errors.Join(errs...)
+}
+
+func addrOf(l net.Listener) string {
+	if l == nil {
+		return ""
+	}
+	return l.Addr().String()
+}

@@ -1,0 +1,130 @@
+package proxy
+
+import (
+	"net/http"
+	"sync"
+)
+
+// statusWriter records the status and whether anything was written, for
+// logs, metrics and error mapping. It is pooled: one per request in flight.
+type statusWriter struct {
+	w           http.ResponseWriter
+	status      int
+	wroteHeader bool
+}
+
+var statusWriterPool = sync.Pool{New: func() any { return new(statusWriter) }}
+
+func getStatusWriter(w http.ResponseWriter) *statusWriter {
+	sw := statusWriterPool.Get().(*statusWriter)
+	*sw = statusWriter{w: w}
+	return sw
+}
+
+func putStatusWriter(sw *statusWriter) {
+	sw.w = nil
+	statusWriterPool.Put(sw)
+}
+
+// Header implements http.ResponseWriter.
+func (sw *statusWriter) Header() http.Header { return sw.w.Header() }
+
+// WriteHeader implements http.ResponseWriter.
+func (sw *statusWriter) WriteHeader(code int) {
+	if !sw.wroteHeader && code >= 200 {
+		// 1xx informational headers may precede the real one.
+		sw.status, sw.wroteHeader = code, true
+	}
+	sw.w.WriteHeader(code)
+}
+
+// Write implements http.ResponseWriter.
+func (sw *statusWriter) Write(b []byte) (int, error) {
+	if !sw.wroteHeader {
+		sw.status, sw.wroteHeader = http.StatusOK, true
+	}
+	return sw.w.Write(b)
+}
+
+// Flush implements http.Flusher, so that streamed responses stream.
+func (sw *statusWriter) Flush() {
+	if !sw.wroteHeader {
+		sw.status, sw.wroteHeader = http.StatusOK, true
+	}
+	if f, ok := sw.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (sw *statusWriter) Unwrap() http.ResponseWriter { return sw.w }
+
+// deadlineWriter stands between a handler running in its own goroutine and
+// the real writer, when a request timeout is set. Once the proxy gives up
+// on the handler (close), the handler's writes go nowhere: net/http forbids
+// touching a ResponseWriter after ServeHTTP has returned.
+type deadlineWriter struct {
+	// mu guards header, closed and the use of w.
+	mu     sync.Mutex
+	w      *statusWriter
+	header http.Header // the handler's own, copied to w on the first write
+	closed bool
+}
+
+func newDeadlineWriter(w *statusWriter) *deadlineWriter {
+	return &deadlineWriter{w: w, header: make(http.Header)}
+}
+
+// Header implements http.ResponseWriter. The map is the handler's own, so
+// that the proxy can answer 408 without racing on it.
+func (dw *deadlineWriter) Header() http.Header { return dw.header }
+
+func (dw *deadlineWriter) copyHeaderLocked() {
+	if dw.w.wroteHeader {
+		return
+	}
+	dst := dw.w.Header()
+	for k, v := range dw.header {
+		dst[k] = v
+	}
+}
+
+// WriteHeader implements http.ResponseWriter.
+func (dw *deadlineWriter) WriteHeader(code int) {
+	dw.mu.Lock()
+	defer dw.mu.Unlock()
+	if dw.closed {
+		return
+	}
+	dw.copyHeaderLocked()
+	dw.w.WriteHeader(code)
+}
+
+// Write implements http.ResponseWriter.
+func (dw *deadlineWriter) Write(b []byte) (int, error) {
+	dw.mu.Lock()
+	defer dw.mu.Unlock()
+	if dw.closed {
+		return 0, http.ErrHandlerTimeout
+	}
+	dw.copyHeaderLocked()
+	return dw.w.Write(b)
+}
+
+// Flush implements http.Flusher.
+func (dw *deadlineWriter) Flush() {
+	dw.mu.Lock()
+	defer dw.mu.Unlock()
+	if dw.closed {
+		return
+	}
+	dw.copyHeaderLocked()
+	dw.w.Flush()
+}
+
+// close stops the handler's writes.
+func (dw *deadlineWriter) close() {
+	dw.mu.Lock()
+	defer dw.mu.Unlock()
+	dw.closed = true
+}

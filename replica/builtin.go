@@ -1,0 +1,183 @@
+package replica
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// decodeUserConfig decodes a user_config strictly into v: unknown fields are
+// errors, so a typo in the YAML is never silently ignored.
+func decodeUserConfig(kind string, raw json.RawMessage, v any) error {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%s: user_config: %w", kind, err)
+	}
+	return nil
+}
+
+// staticConfig is the user_config of the static handler.
+type staticConfig struct {
+	Body        string `json:"body"`
+	Status      int    `json:"status"`
+	ContentType string `json:"content_type"`
+}
+
+// staticResponse is a static handler's answer, prepared once per
+// (re)configuration so that serving it allocates nothing.
+type staticResponse struct {
+	body          []byte
+	status        int
+	contentType   []string
+	contentLength []string
+}
+
+// Static answers every request with the same body and status.
+// Configured by user_config: body (default ""), status (default 200),
+// content_type (default "text/plain; charset=utf-8").
+type Static struct {
+	resp atomic.Pointer[staticResponse]
+}
+
+// NewStatic is the Factory of the static handler.
+func NewStatic(userConfig json.RawMessage) (Handler, error) {
+	s := &Static{}
+	if err := s.Reconfigure(context.Background(), userConfig); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Reconfigure replaces the response; requests in flight finish with the old one.
+func (s *Static) Reconfigure(_ context.Context, userConfig json.RawMessage) error {
+	cfg := staticConfig{Status: http.StatusOK, ContentType: "text/plain; charset=utf-8"}
+	if err := decodeUserConfig("static", userConfig, &cfg); err != nil {
+		return err
+	}
+	if cfg.Status < 100 || cfg.Status > 999 {
+		return fmt.Errorf("static: user_config: status must be 100..999, got %d", cfg.Status)
+	}
+	s.resp.Store(&staticResponse{
+		body:          []byte(cfg.Body),
+		status:        cfg.Status,
+		contentType:   []string{cfg.ContentType},
+		contentLength: []string{strconv.Itoa(len(cfg.Body))},
+	})
+	return nil
+}
+
+// ServeHTTP writes the configured response.
+func (s *Static) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	resp := s.resp.Load()
+	h := w.Header()
+	// The slices are shared by every response and never mutated: assigning
+	// them avoids an allocation per request.
+	h["Content-Type"] = resp.contentType
+	h["Content-Length"] = resp.contentLength
+	w.WriteHeader(resp.status)
+	_, _ = w.Write(resp.body)
+}
+
+// echoResponse is what the echo handler answers, as JSON.
+type echoResponse struct {
+	Method  string              `json:"method"`
+	Path    string              `json:"path"`
+	Query   map[string][]string `json:"query"`
+	Headers map[string][]string `json:"headers"`
+	Body    string              `json:"body"`
+}
+
+// Echo answers each request with a JSON description of it: method, path,
+// query, headers and body. It takes no user_config.
+type Echo struct{}
+
+// NewEcho is the Factory of the echo handler.
+func NewEcho(userConfig json.RawMessage) (Handler, error) {
+	var none struct{}
+	if err := decodeUserConfig("echo", userConfig, &none); err != nil {
+		return nil, err
+	}
+	return Echo{}, nil
+}
+
+// ServeHTTP answers the request's description.
+func (Echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		status := http.StatusBadRequest
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			status = http.StatusRequestEntityTooLarge
+		}
+		http.Error(w, "reading request body: "+err.Error(), status)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(echoResponse{
+		Method:  r.Method,
+		Path:    r.URL.Path,
+		Query:   r.URL.Query(),
+		Headers: r.Header,
+		Body:    string(body),
+	})
+}
+
+// sleepConfig is the user_config of the sleep handler.
+type sleepConfig struct {
+	MS   float64 `json:"ms"`
+	Body string  `json:"body"`
+}
+
+// Sleep waits user_config.ms milliseconds (giving up if the request is
+// cancelled), then answers user_config.body. It stands in for a model that
+// takes time.
+type Sleep struct {
+	cfg atomic.Pointer[sleepConfig]
+}
+
+// NewSleep is the Factory of the sleep handler.
+func NewSleep(userConfig json.RawMessage) (Handler, error) {
+	s := &Sleep{}
+	if err := s.Reconfigure(context.Background(), userConfig); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Reconfigure replaces the delay and body.
+func (s *Sleep) Reconfigure(_ context.Context, userConfig json.RawMessage) error {
+	var cfg sleepConfig
+	if err := decodeUserConfig("sleep", userConfig, &cfg); err != nil {
+		return err
+	}
+	if cfg.MS < 0 {
+		return fmt.Errorf("sleep: user_config: ms must be >= 0, got %v", cfg.MS)
+	}
+	s.cfg.Store(&cfg)
+	return nil
+}
+
+// ServeHTTP sleeps, then writes the body.
+func (s *Sleep) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	cfg := s.cfg.Load()
+	t := time.NewTimer(time.Duration(cfg.MS * float64(time.Millisecond)))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = io.WriteString(w, cfg.Body)
+}

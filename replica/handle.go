@@ -1,0 +1,38 @@
+package replica
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+)
+
+// Handle is what the router holds for each replica, local or remote.
+type Handle interface {
+	// ID names the replica in logs and metrics.
+	ID() string
+	// TryAcquire takes a slot if the replica has one free; it never blocks.
+	// The returned release must be called exactly once, when the request is
+	// done.
+	TryAcquire() (release func(), ok bool)
+	// Ongoing is the number of requests holding a slot: exact for local
+	// replicas, the best known count for remote ones.
+	Ongoing() int
+	// MaxOngoing is the replica's max_ongoing_requests.
+	MaxOngoing() int
+	// Serve runs the request on the replica. The caller holds a slot.
+	Serve(w http.ResponseWriter, r *http.Request) error
+}
+
+// ErrDraining is returned for work sent to a replica that is draining or
+// stopped.
+var ErrDraining = errors.New("replica is draining")
+
+// PanicError is returned by Serve when the handler panicked. The replica
+// keeps serving.
+type PanicError struct {
+	Value any    // what the handler panicked with
+	Stack []byte // the goroutine's stack at the panic
+}
+
+// Error implements error.
+func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }

@@ -1,0 +1,101 @@
+// Package replica holds what runs a deployment's code: handlers and the
+// factories that build them, replicas (actors) that enforce their own
+// max_ongoing_requests, and the deployment controllers that own them.
+package replica
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sort"
+	"sync"
+)
+
+// Handler is a deployment's user code: one value per replica, built by a
+// Factory, so each replica owns its state.
+type Handler interface {
+	ServeHTTP(http.ResponseWriter, *http.Request)
+}
+
+// Factory builds one replica's Handler from the deployment's user_config
+// (nil when the config has none). It is called once per replica.
+type Factory func(userConfig json.RawMessage) (Handler, error)
+
+// HealthChecker is implemented by a Handler that can report its health, as a
+// Serve deployment's check_health method does. A non-nil error is a failed
+// check.
+type HealthChecker interface {
+	CheckHealth(ctx context.Context) error
+}
+
+// Reconfigurer is implemented by a Handler that accepts a new user_config
+// without being rebuilt, as a Serve deployment's reconfigure method does.
+type Reconfigurer interface {
+	Reconfigure(ctx context.Context, userConfig json.RawMessage) error
+}
+
+// Registry maps handler kinds (the config's `handler:` field) to factories.
+// The zero value is empty; NewRegistry returns one holding the built-ins.
+type Registry struct {
+	mu        sync.RWMutex
+	factories map[string]Factory // guarded by mu
+}
+
+// NewRegistry returns a registry holding the built-in handlers: static,
+// echo and sleep.
+func NewRegistry() *Registry {
+	r := &Registry{}
+	r.MustRegister("static", NewStatic)
+	r.MustRegister("echo", NewEcho)
+	r.MustRegister("sleep", NewSleep)
+	return r
+}
+
+// Register adds a handler kind. Registering a name twice is an error.
+func (r *Registry) Register(name string, f Factory) error {
+	if name == "" || f == nil {
+		return fmt.Errorf("replica: register: empty name or nil factory")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.factories == nil {
+		r.factories = make(map[string]Factory)
+	}
+	if _, ok := r.factories[name]; ok {
+		return fmt.Errorf("replica: handler %q is already registered", name)
+	}
+	r.factories[name] = f
+	return nil
+}
+
+// MustRegister is Register for program setup: it panics on error.
+func (r *Registry) MustRegister(name string, f Factory) {
+	if err := r.Register(name, f); err != nil {
+		panic(err)
+	}
+}
+
+// Lookup returns the factory registered under name. The error lists the
+// registered kinds.
+func (r *Registry) Lookup(name string) (Factory, error) {
+	r.mu.RLock()
+	f, ok := r.factories[name]
+	r.mu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("unknown handler %q (registered: %v)", name, r.Names())
+	}
+	return f, nil
+}
+
+// Names returns the registered kinds, sorted.
+func (r *Registry) Names() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	names := make([]string, 0, len(r.factories))
+	for n := range r.factories {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}

@@ -1,0 +1,251 @@
+package replica
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestLocalLimit(t *testing.T) {
+	l := NewLocal("r", nil, 2, nil)
+	if _, ok := l.TryAcquire(); ok {
+		t.Fatal("a starting replica took a request")
+	}
+	l.SetState(StateRunning)
+	r1, ok1 := l.TryAcquire()
+	r2, ok2 := l.TryAcquire()
+	_, ok3 := l.TryAcquire()
+	if !ok1 || !ok2 || ok3 {
+		t.Fatalf("acquires = %v %v %v, want true true false", ok1, ok2, ok3)
+	}
+	r1()
+	if l.Ongoing() != 1 {
+		t.Fatalf("ongoing = %d, want 1", l.Ongoing())
+	}
+	r2()
+	l.SetState(StateDraining)
+	if _, ok := l.TryAcquire(); ok {
+		t.Fatal("a draining replica took a request")
+	}
+	if l.Peak() != 2 {
+		t.Fatalf("peak = %d, want 2", l.Peak())
+	}
+}
+
+func TestLocalConcurrentLimit(t *testing.T) {
+	l := NewLocal("r", nil, 3, nil)
+	l.SetState(StateRunning)
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 1000 {
+				if rel, ok := l.TryAcquire(); ok {
+					rel()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if l.Peak() > 3 || l.Ongoing() != 0 {
+		t.Fatalf("peak %d ongoing %d, want peak <= 3 and 0 ongoing", l.Peak(), l.Ongoing())
+	}
+}
+
+type panicky struct{}
+
+func (panicky) ServeHTTP(http.ResponseWriter, *http.Request) { panic("boom") }
+
+func TestLocalPanic(t *testing.T) {
+	l := NewLocal("r", panicky{}, 1, nil)
+	err := l.Serve(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	var pe *PanicError
+	if !errors.As(err, &pe) || pe.Value != "boom" || len(pe.Stack) == 0 {
+		t.Fatalf("err = %v, want a PanicError with a stack", err)
+	}
+}
+
+func serve(t *testing.T, h Handler, req *http.Request) *http.Response {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec.Result()
+}
+
+func body(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestStatic(t *testing.T) {
+	h, err := NewStatic(json.RawMessage(`{"body":"hello","status":201,"content_type":"text/html"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := serve(t, h, httptest.NewRequest("GET", "/", nil))
+	if resp.StatusCode != 201 || body(t, resp) != "hello" || resp.Header.Get("Content-Type") != "text/html" {
+		t.Fatalf("got %d %q %q", resp.StatusCode, resp.Header.Get("Content-Type"), body(t, resp))
+	}
+	if err := h.(Reconfigurer).Reconfigure(context.Background(), json.RawMessage(`{"body":"v2"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got := body(t, serve(t, h, httptest.NewRequest("GET", "/", nil))); got != "v2" {
+		t.Fatalf("after reconfigure: %q, want v2", got)
+	}
+}
+
+func TestBuiltinConfigErrors(t *testing.T) {
+	tests := []struct {
+		name    string
+		f       Factory
+		cfg     string
+		wantErr string
+	}{
+		{"static unknown field", NewStatic, `{"bdy":"x"}`, `unknown field "bdy"`},
+		{"static bad status", NewStatic, `{"status":42}`, "status must be 100..999"},
+		{"static wrong type", NewStatic, `{"body":1}`, "static: user_config"},
+		{"sleep negative", NewSleep, `{"ms":-1}`, "ms must be >= 0"},
+		{"sleep unknown", NewSleep, `{"seconds":1}`, `unknown field "seconds"`},
+		{"echo takes none", NewEcho, `{"x":1}`, `unknown field "x"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := tt.f(json.RawMessage(tt.cfg))
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("err = %v, want it to contain %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestEcho(t *testing.T) {
+	h, _ := NewEcho(nil)
+	req := httptest.NewRequest("POST", "/p?q=1", strings.NewReader("payload"))
+	req.Header.Set("X-A", "b")
+	var got echoResponse
+	if err := json.Unmarshal([]byte(body(t, serve(t, h, req))), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Method != "POST" || got.Path != "/p" || got.Query["q"][0] != "1" || got.Headers["X-A"][0] != "b" || got.Body != "payload" {
+		t.Fatalf("echo = %+v", got)
+	}
+}
+
+func TestSleepHonoursCancel(t *testing.T) {
+	h, _ := NewSleep(json.RawMessage(`{"ms": 60000, "body": "late"}`))
+	ctx, cancel := context.WithCancel(context.Background())
+	req := httptest.NewRequest("GET", "/", nil).WithContext(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}()
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("sleep did not return after its request was cancelled")
+	}
+}
+
+func TestRegistry(t *testing.T) {
+	r := NewRegistry()
+	if _, err := r.Lookup("static"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := r.Lookup("nope")
+	if err == nil || !strings.Contains(err.Error(), `unknown handler "nope"`) || !strings.Contains(err.Error(), "static") {
+		t.Fatalf("err = %v, want it to name the handler and list the registered ones", err)
+	}
+	if err := r.Register("static", NewStatic); err == nil {
+		t.Fatal("registering a name twice succeeded")
+	}
+}
+
+// flaky fails its health checks while failing is set.
+type flaky struct {
+	failing *atomic.Bool
+}
+
+func (flaky) ServeHTTP(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }
+func (f flaky) CheckHealth(context.Context) error {
+	if f.failing.Load() {
+		return errors.New("sick")
+	}
+	return nil
+}
+
+func TestDeploymentReplacesUnhealthyReplica(t *testing.T) {
+	var failing atomic.Bool
+	var built atomic.Int32
+	var mu sync.Mutex
+	var snapshots [][]Handle
+	d, err := NewDeployment(DeploymentSpec{
+		App: "app", Name: "dep", NumReplicas: 2, MaxOngoingRequests: 1,
+		HealthCheckPeriod: 5 * time.Millisecond, HealthCheckTimeout: time.Second, GracefulShutdownTimeout: time.Second,
+		Factory: func(json.RawMessage) (Handler, error) {
+			// Only the first replica ever fails.
+			if built.Add(1) == 1 {
+				return flaky{&failing}, nil
+			}
+			return flaky{new(atomic.Bool)}, nil
+		},
+	}, Hooks{OnChange: func(hs []Handle) { mu.Lock(); snapshots = append(snapshots, hs); mu.Unlock() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	first := d.Replicas()[0]
+	failing.Store(true)
+	deadline := time.Now().Add(10 * time.Second)
+	for d.Replicas()[0] == first {
+		if time.Now().After(deadline) {
+			t.Fatal("the unhealthy replica was not replaced")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := d.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if first.State() != StateStopped {
+		t.Fatalf("replaced replica is %v, want STOPPED", first.State())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	last := snapshots[len(snapshots)-2] // the one before Stop emptied it
+	for _, h := range last {
+		if h == Handle(first) {
+			t.Fatal("the unhealthy replica is still routable")
+		}
+	}
+	if len(last) != 2 {
+		t.Fatalf("routable replicas = %d, want 2 (the replacement is in)", len(last))
+	}
+}
+
+func BenchmarkLocalAcquireRelease(b *testing.B) {
+	l := NewLocal("r", nil, 100, nil)
+	l.SetState(StateRunning)
+	b.ReportAllocs()
+	for b.Loop() {
+		rel, _ := l.TryAcquire()
+		rel()
+	}
+}
