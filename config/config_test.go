@@ -61,6 +61,7 @@ func TestDefault(t *testing.T) {
 			}},
 		}},
 	}
+	c.lines = nil // positions are TestConfigLine's
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Default() =\n%+v\nwant\n%+v", c, want)
 	}
@@ -103,6 +104,7 @@ func TestParseDefaults(t *testing.T) {
 					}},
 				}},
 			}
+			c.lines = nil // positions are TestConfigLine's
 			if !reflect.DeepEqual(c, want) {
 				t.Errorf("Parse =\n%+v\nwant\n%+v", c, want)
 			}
@@ -297,3 +299,29 @@ func TestFieldErrorFormat(t *testing.T) {
 }
 
 func writeFile(path, data string) error { return os.WriteFile(path, []byte(data), 0o600) }
+
+func TestConfigLine(t *testing.T) {
+	c, err := Parse("f.yaml", []byte(exampleYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		field string
+		line  int
+	}{
+		{"applications[0].route_prefix", 4},
+		{"applications[0].deployments[0].handler", 7},
+		{"applications[0].deployments[0].user_config", 11},
+		// Absent fields fall back to the nearest enclosing one.
+		{"applications[0].deployments[0].health_check_period_s", 6},
+		{"nothing", 0},
+	}
+	for _, tt := range tests {
+		if got := c.Line(tt.field); got != tt.line {
+			t.Errorf("Line(%q) = %d, want %d", tt.field, got, tt.line)
+		}
+	}
+	if got := Default().Line("applications[0]"); got != 0 {
+		t.Errorf("Default().Line = %d, want 0", got)
+	}
+}

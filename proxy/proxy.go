@@ -78,8 +78,8 @@ type Proxy struct {
 	table       *router.Table
 	deployments []*Deployment
 	metrics     *metrics
-	registry    *prometheus.Registry   // nil when Options.Registerer was given
-	notFound    *routeMetrics          // metrics of requests no route matched
+	registry    *prometheus.Registry // nil when Options.Registerer was given
+	notFound    *routeMetrics        // metrics of requests no route matched
 	routeMeta   map[*router.Route]*routeState
 	access      *AccessLogger // nil without an access log
 	draining    atomic.Bool
