@@ -132,6 +132,7 @@ func TestParseExample(t *testing.T) {
 			}},
 		}},
 	}
+	c.lines = nil // positions are TestConfigLine's
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Parse =\n%+v\nwant\n%+v", c, want)
 	}
