@@ -56,9 +56,6 @@ type Env struct {
 	// MaxBodyBytes, from PROXY_MAX_BODY_BYTES (above 0), bounds a
 	// request's body; 100MiB by default.
 	MaxBodyBytes ByteSize `env:"MAX_BODY_BYTES" envDefault:"100MiB"`
-	// AdminToken, from PROXY_ADMIN_TOKEN, is the secret that mutating
-	// admin calls must present; empty by default.
-	AdminToken string `env:"ADMIN_TOKEN"`
 
 	// requestTimeoutSet records that PROXY_REQUEST_TIMEOUT was set, which
 	// RequestTimeout alone cannot tell when it is 0 ("no timeout" must

@@ -29,7 +29,6 @@ func TestReadEnvDefaults(t *testing.T) {
 			ReadHeaderTimeout: 10 * time.Second,
 			MaxHeaderBytes:    1 << 20,
 			MaxBodyBytes:      100 << 20,
-			AdminToken:        "",
 		}
 		if e != want {
 			t.Errorf("ReadEnv(%v) =\n%+v\nwant\n%+v", environ, e, want)
@@ -61,7 +60,6 @@ func TestReadEnvValid(t *testing.T) {
 		{"PROXY_MAX_HEADER_BYTES", "64KiB", func(e Env) bool { return e.MaxHeaderBytes == 64<<10 }},
 		{"PROXY_MAX_BODY_BYTES", "1GB", func(e Env) bool { return e.MaxBodyBytes == 1e9 }},
 		{"PROXY_MAX_BODY_BYTES", "4096", func(e Env) bool { return e.MaxBodyBytes == 4096 }},
-		{"PROXY_ADMIN_TOKEN", "s3cret", func(e Env) bool { return e.AdminToken == "s3cret" }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
