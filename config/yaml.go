@@ -34,7 +34,10 @@ func Load(path string) (*Config, error) {
 // and in file order, each with the line of its key: YAML syntax (one error
 // at the line the parser reports), unknown fields, values of the wrong type,
 // and the rules Validate applies. Anchors, aliases and merge keys (<<) are
-// supported.
+// supported. With Errors, the Config returned is what could be decoded
+// (each failed field keeps its default), so that a caller can look for more
+// problems in the same pass (the binary checks handler names); it must not
+// be served. After a YAML syntax error it is nil.
 func Parse(name string, data []byte) (*Config, error) {
 	file, err := parser.ParseBytes(data, 0)
 	if err != nil {
@@ -76,13 +79,19 @@ func Parse(name string, data []byte) (*Config, error) {
 		for i, l := range found {
 			errs[i] = l.FieldError
 		}
-		return nil, errs
+		c.setLines(d)
+		return c, errs
 	}
+	c.setLines(d)
+	return c, nil
+}
+
+// setLines keeps the line of every field decoded, for Config.Line.
+func (c *Config) setLines(d *decoder) {
 	c.lines = make(map[string]int, len(d.positions))
 	for path, at := range d.positions {
 		c.lines[path] = at.line
 	}
-	return c, nil
 }
 
 const (

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -86,7 +88,7 @@ func run(args []string, env map[string]string, stdout, stderr io.Writer) int {
 		return exitInvalid
 	}
 	if *check {
-		fmt.Fprintf(stdout, "%s: ok (%d applications)\n", displayName(path), len(cfg.Applications))
+		fmt.Fprintf(stdout, "%s: ok, %d application(s)\n", displayName(path), len(cfg.Applications))
 		return exitOK
 	}
 
@@ -109,17 +111,50 @@ func run(args []string, env map[string]string, stdout, stderr io.Writer) int {
 
 // loadConfig reads the file (or takes the built-in app), applies the
 // environment and checks that every handler exists and accepts its
-// user_config. It returns every problem found.
+// user_config. It returns every problem found, in file order.
 func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Config, []error) {
 	var cfg *config.Config
+	var found config.Errors
 	if path == "" {
 		cfg = config.Default()
 	} else {
 		c, err := config.Load(path)
-		if err != nil {
-			return nil, splitErrors(err)
+		if err != nil && !errors.As(err, &found) {
+			return nil, []error{err} // unreadable
 		}
 		cfg = c
+	}
+	if cfg == nil {
+		return nil, splitErrors(found) // YAML syntax: nothing more to check
+	}
+	failed := make(map[string]bool, len(found))
+	for _, fe := range found {
+		failed[fe.Field] = true
+	}
+	for i, app := range cfg.Applications {
+		for j, d := range app.Deployments {
+			field := fmt.Sprintf("applications[%d].deployments[%d]", i, j)
+			if failed[field+".handler"] || failed[field] {
+				continue // reported already
+			}
+			f, err := reg.Lookup(d.Handler)
+			if err != nil {
+				found = append(found, fieldError(cfg, path, field+".handler", err))
+				continue
+			}
+			if failed[field+".user_config"] {
+				continue
+			}
+			// Build one handler to validate user_config now rather than
+			// at the first replica.
+			if _, err := f(d.UserConfig); err != nil {
+				found = append(found, fieldError(cfg, path, field+".user_config", err))
+			}
+		}
+	}
+	if len(found) > 0 {
+		slices.SortStableFunc(found, func(a, b config.FieldError) int { return cmp.Compare(a.Line, b.Line) })
+		return nil, splitErrors(found)
 	}
 	if err := e.Apply(cfg); err != nil {
 		return nil, []error{fmt.Errorf("environment: %w", err)}
@@ -127,27 +162,11 @@ func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Confi
 	if err := cfg.Validate(); err != nil {
 		return nil, splitErrors(err)
 	}
-	var problems []error
-	for i, app := range cfg.Applications {
-		for j, d := range app.Deployments {
-			field := fmt.Sprintf("applications[%d].deployments[%d]", i, j)
-			f, err := reg.Lookup(d.Handler)
-			if err != nil {
-				problems = append(problems, lineError(cfg, path, field+".handler", err))
-				continue
-			}
-			// Build one handler to validate user_config now rather than
-			// at the first replica.
-			if _, err := f(d.UserConfig); err != nil {
-				problems = append(problems, lineError(cfg, path, field+".user_config", err))
-			}
-		}
-	}
-	return cfg, problems
+	return cfg, nil
 }
 
-// lineError names the field, and its line when the config knows it.
-func lineError(cfg *config.Config, file, field string, err error) error {
+// fieldError names the field, and its line when the config knows it.
+func fieldError(cfg *config.Config, file, field string, err error) config.FieldError {
 	return config.FieldError{File: displayName(file), Line: cfg.Line(field), Field: field, Msg: err.Error()}
 }
 
