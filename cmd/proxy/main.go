@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/serveproxy/serveproxy/config"
+	"github.com/serveproxy/serveproxy/proxy"
 	"github.com/serveproxy/serveproxy/replica"
 )
 
@@ -190,7 +191,7 @@ func displayName(path string) string {
 }
 
 func newLogger(w io.Writer, e config.Env) zerolog.Logger {
-	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
+	zerolog.TimeFieldFormat = proxy.LogTimeFormat
 	level, err := zerolog.ParseLevel(e.LogLevel)
 	if err != nil {
 		level = zerolog.InfoLevel // ReadEnv has validated it already
