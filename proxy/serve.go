@@ -62,15 +62,15 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	p.metrics.ongoing.Inc()
 	defer p.metrics.ongoing.Dec()
 
-	var id string
-	if v := r.Header[requestIDHeader]; len(v) > 0 { // already canonical: skip Get's canonicalization
-		id = v[0]
+	// The key is canonical already: index the map rather than pay Get's
+	// canonicalization.
+	ids := r.Header[requestIDHeader]
+	if len(ids) == 0 || ids[0] == "" {
+		ids = []string{newRequestID()}
+		r.Header[requestIDHeader] = ids // the replica sees it too
 	}
-	if id == "" {
-		id = newRequestID()
-		r.Header[requestIDHeader] = []string{id} // the replica sees it too
-	}
-	w.Header()[requestIDHeader] = []string{id}
+	id := ids[0]
+	w.Header()[requestIDHeader] = ids[:1:1] // shared with the request, never appended to
 
 	sw := getStatusWriter(w)
 	defer putStatusWriter(sw)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"sync/atomic"
 	"time"
 )
@@ -37,10 +36,9 @@ type staticConfig struct {
 // staticResponse is a static handler's answer, prepared once per
 // (re)configuration so that serving it allocates nothing.
 type staticResponse struct {
-	body          []byte
-	status        int
-	contentType   []string
-	contentLength []string
+	body        []byte
+	status      int
+	contentType []string
 }
 
 // Static answers every request with the same body and status.
@@ -71,8 +69,7 @@ func (s *Static) Reconfigure(_ context.Context, userConfig json.RawMessage) erro
 	s.resp.Store(&staticResponse{
 		body:          []byte(cfg.Body),
 		status:        cfg.Status,
-		contentType:   []string{cfg.ContentType},
-		contentLength: []string{strconv.Itoa(len(cfg.Body))},
+		contentType: []string{cfg.ContentType},
 	})
 	return nil
 }
@@ -81,10 +78,10 @@ func (s *Static) Reconfigure(_ context.Context, userConfig json.RawMessage) erro
 func (s *Static) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	resp := s.resp.Load()
 	h := w.Header()
-	// The slices are shared by every response and never mutated: assigning
-	// them avoids an allocation per request.
+	// The slice is shared by every response and never mutated: assigning
+	// it avoids an allocation per request. net/http sets Content-Length
+	// itself for a body this size.
 	h["Content-Type"] = resp.contentType
-	h["Content-Length"] = resp.contentLength
 	w.WriteHeader(resp.status)
 	_, _ = w.Write(resp.body)
 }
