@@ -56,6 +56,23 @@ type Env struct {
 	// MaxBodyBytes, from PROXY_MAX_BODY_BYTES (above 0), bounds a
 	// request's body; 100MiB by default.
 	MaxBodyBytes ByteSize `env:"MAX_BODY_BYTES" envDefault:"100MiB"`
+	// AdminToken, from PROXY_ADMIN_TOKEN, is the secret that mutating
+	// admin calls (PUT /-/gc) must present as "Authorization: Bearer
+	// <token>"; empty by default, when the admin listener's being on
+	// loopback is the protection.
+	AdminToken string `env:"ADMIN_TOKEN"`
+
+	// GCTuning, from PROXY_GC_TUNING, is the feature flag of the tuned GC
+	// settings below; true by default. false leaves Go's defaults alone.
+	GCTuning bool `env:"GC_TUNING" envDefault:"true"`
+	// GCPercent, from PROXY_GC_PERCENT, is the tuned GOGC: an integer >=
+	// 1 or "off". The default was chosen from measurements (README, "GC
+	// tuning").
+	GCPercent GCPercent `env:"GC_PERCENT" envDefault:"400"`
+	// GCMemoryLimit, from PROXY_GC_MEMORY_LIMIT, is the tuned soft memory
+	// limit: a size ("512MiB"), a ratio of the cgroup's memory limit
+	// ("0.9"), or "none". The default is 0.9.
+	GCMemoryLimit MemoryLimit `env:"GC_MEMORY_LIMIT" envDefault:"0.9"`
 
 	// requestTimeoutSet records that PROXY_REQUEST_TIMEOUT was set, which
 	// RequestTimeout alone cannot tell when it is 0 ("no timeout" must

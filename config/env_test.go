@@ -29,6 +29,9 @@ func TestReadEnvDefaults(t *testing.T) {
 			ReadHeaderTimeout: 10 * time.Second,
 			MaxHeaderBytes:    1 << 20,
 			MaxBodyBytes:      100 << 20,
+			GCTuning:          true,
+			GCPercent:         400,
+			GCMemoryLimit:     MemoryLimit{Ratio: 0.9},
 		}
 		if e != want {
 			t.Errorf("ReadEnv(%v) =\n%+v\nwant\n%+v", environ, e, want)

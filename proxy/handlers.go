@@ -44,6 +44,10 @@ func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 	r.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorLog: promLogger{p}}))
 	r.Get("/-/healthz", p.healthz)
 	r.Get("/-/routes", p.routes)
+	if p.opts.GC != nil {
+		r.Get("/-/gc", p.getGC)
+		r.With(p.requireToken).Put("/-/gc", p.putGC)
+	}
 	r.HandleFunc("/debug/pprof/", pprof.Index)
 	r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	r.HandleFunc("/debug/pprof/profile", pprof.Profile)

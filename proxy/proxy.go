@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 
+	"github.com/serveproxy/serveproxy/gctune"
 	"github.com/serveproxy/serveproxy/replica"
 	"github.com/serveproxy/serveproxy/router"
 )
@@ -67,6 +68,12 @@ type Options struct {
 	AccessLog io.Writer
 	// LogFormat is the access log's format: "json" (if empty) or "console".
 	LogFormat string
+	// GC, if not nil, is served by GET and PUT /-/gc on the admin handler
+	// and exported in the metrics.
+	GC *gctune.Tuner
+	// AdminToken, if not empty, must be presented by mutating admin calls
+	// as "Authorization: Bearer <token>" (401 otherwise).
+	AdminToken string
 	// Registerer takes the proxy's metrics. If nil, they are registered on
 	// a new registry of the proxy's own, returned by Registry.
 	Registerer prometheus.Registerer
@@ -125,6 +132,11 @@ func New(opts Options) (*Proxy, error) {
 	p.table = table
 	if p.metrics, err = newMetrics(reg, p.deployments); err != nil {
 		return nil, err
+	}
+	if opts.GC != nil {
+		if err := reg.Register(opts.GC.Collector()); err != nil {
+			return nil, err
+		}
 	}
 	if opts.AccessLog != nil {
 		p.access = NewAccessLogger(opts.AccessLog, opts.LogFormat, func(n int) { p.metrics.accessDropped.Add(float64(n)) })

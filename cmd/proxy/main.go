@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/serveproxy/serveproxy/config"
+	"github.com/serveproxy/serveproxy/gctune"
 	"github.com/serveproxy/serveproxy/proxy"
 	"github.com/serveproxy/serveproxy/replica"
 )
@@ -73,6 +74,12 @@ func run(args []string, env map[string]string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "proxy: environment: %v\n", err)
 		return exitInvalid
 	}
+	// GC settings first, before the proxy allocates anything to speak of.
+	gc, err := gctune.Apply(e, env)
+	if err != nil {
+		fmt.Fprintf(stderr, "proxy: environment: %v\n", err)
+		return exitInvalid
+	}
 	path := *configPath
 	if path == "" {
 		path = e.ConfigPath
@@ -100,10 +107,14 @@ func run(args []string, env map[string]string, stdout, stderr io.Writer) int {
 		Stringer("keep_alive_timeout", cfg.HTTPOptions.KeepAliveTimeout()).
 		Int64("max_header_bytes", int64(e.MaxHeaderBytes)).Int64("max_body_bytes", int64(e.MaxBodyBytes)).
 		Msg("starting")
+	st := gc.State()
+	log.Info().Bool("tuning", st.Tuning).Int("percent", st.Percent).Str("percent_source", st.PercentSource).
+		Str("memory_limit", st.MemoryLimit).Str("memory_limit_source", st.MemoryLimitSource).Str("note", st.Note).
+		Msg("GC settings in force (PROXY_GC_TUNING=false for Go's defaults; GOGC or GOMEMLIMIT win over tuning)")
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := serve(ctx, cfg, e, reg, log, stderr); err != nil {
+	if err := serve(ctx, cfg, e, reg, gc, log, stderr); err != nil {
 		log.Error().Err(err).Msg("proxy failed")
 		return exitFailed
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/serveproxy/serveproxy/config"
+	"github.com/serveproxy/serveproxy/gctune"
 	"github.com/serveproxy/serveproxy/proxy"
 	"github.com/serveproxy/serveproxy/replica"
 )
@@ -51,7 +52,7 @@ func httpAddr(cfg *config.Config) string {
 }
 
 // serve runs the proxy until ctx is done.
-func serve(ctx context.Context, cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.Logger, stderr io.Writer) error {
+func serve(ctx context.Context, cfg *config.Config, e config.Env, reg *replica.Registry, gc *gctune.Tuner, log zerolog.Logger, stderr io.Writer) error {
 	apps, err := build(cfg, reg, log)
 	if err != nil {
 		return err
@@ -67,6 +68,8 @@ func serve(ctx context.Context, cfg *config.Config, e config.Env, reg *replica.R
 		Log:            log,
 		AccessLog:      accessLog,
 		LogFormat:      e.LogFormat,
+		GC:             gc,
+		AdminToken:     e.AdminToken,
 	})
 	if err != nil {
 		return err

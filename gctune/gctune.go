@@ -1,0 +1,236 @@
+// Package gctune applies the proxy's tuned garbage-collector settings: a
+// GOGC above Go's default, always with a soft memory limit, behind a
+// feature flag, retunable while running.
+//
+// Go's default (GOGC=100, no limit) collects every time the heap doubles.
+// A proxy's live heap is a few MiB while it allocates per request, so it
+// collects tens of times a second; a higher GOGC trades a little memory for
+// fewer collections, and the memory limit keeps that trade bounded. The
+// defaults were chosen from measurements: see the README.
+package gctune
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"runtime/debug"
+	"strconv"
+	"sync"
+
+	"github.com/KimMachineGun/automemlimit/memlimit"
+
+	"github.com/serveproxy/serveproxy/config"
+)
+
+// Where a setting in force came from.
+const (
+	SourceGoDefault = "go default"          // tuning off, or nothing set it
+	SourceDefault   = "default"             // the tuned default
+	SourceEnv       = "env"                 // PROXY_GC_PERCENT or PROXY_GC_MEMORY_LIMIT
+	SourceGOGC      = "GOGC"                // the user's GOGC wins over tuning
+	SourceGOMEMLIM  = "GOMEMLIMIT"          // the user's GOMEMLIMIT wins over tuning
+	SourceRuntime   = "runtime (PUT /-/gc)" // retuned while running
+)
+
+// noLimit is how the runtime spells "no memory limit".
+const noLimit = math.MaxInt64
+
+// State is the GC settings in force and where each came from. It is what
+// GET /-/gc answers.
+type State struct {
+	// Tuning is the feature flag: false when Go's defaults are in force
+	// because PROXY_GC_TUNING=false.
+	Tuning bool `json:"tuning"`
+	// Percent is GOGC; -1 means off.
+	Percent       int    `json:"percent"`
+	PercentSource string `json:"percent_source"`
+	// MemoryLimitBytes is the soft memory limit; 0 means none.
+	MemoryLimitBytes  int64  `json:"memory_limit_bytes"`
+	MemoryLimit       string `json:"memory_limit"`
+	MemoryLimitSource string `json:"memory_limit_source"`
+	// Note says how a ratio was resolved (cgroup or system memory), or
+	// why a setting was not applied.
+	Note string `json:"note,omitempty"`
+}
+
+// Tuner holds the settings in force. Its methods are safe for concurrent
+// use.
+type Tuner struct {
+	// memory returns the memory the process may use, for a ratio limit:
+	// the cgroup's limit, else the system's memory.
+	memory func() (bytes uint64, from string, err error)
+
+	// mu guards state and serializes changes to the runtime's settings.
+	mu    sync.Mutex
+	state State
+}
+
+// Apply applies the settings of e (PROXY_GC_*) to the runtime, unless the
+// user's GOGC or GOMEMLIMIT (read from environ) say otherwise, and returns
+// the Tuner holding what is in force. Call it first thing in main. An
+// error means nothing was changed.
+func Apply(e config.Env, environ map[string]string) (*Tuner, error) {
+	t := &Tuner{memory: containerMemory}
+	return t, t.apply(e, environ)
+}
+
+func (t *Tuner) apply(e config.Env, environ map[string]string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := State{Tuning: e.GCTuning}
+	userGOGC, userLimit := environ["GOGC"] != "", environ["GOMEMLIMIT"] != ""
+
+	percent, limit := currentPercent(), debug.SetMemoryLimit(-1)
+	s.PercentSource, s.MemoryLimitSource = SourceGoDefault, SourceGoDefault
+	if userGOGC {
+		s.PercentSource = SourceGOGC
+	}
+	if userLimit {
+		s.MemoryLimitSource = SourceGOMEMLIM
+	}
+	if e.GCTuning {
+		if !userGOGC {
+			percent = int(e.GCPercent)
+			s.PercentSource = sourceOf(environ, "PROXY_GC_PERCENT")
+		}
+		if !userLimit {
+			bytes, note, err := t.resolve(e.GCMemoryLimit)
+			if err != nil {
+				return fmt.Errorf("PROXY_GC_MEMORY_LIMIT=%s: %w", e.GCMemoryLimit, err)
+			}
+			limit, s.Note = bytes, note
+			s.MemoryLimitSource = sourceOf(environ, "PROXY_GC_MEMORY_LIMIT")
+		}
+		if (percent < 0 || percent > 100) && limit == noLimit && !userGOGC && environ["PROXY_GC_MEMORY_LIMIT"] == "" {
+			// A high GOGC with no limit lets the heap grow with the live
+			// heap times the percentage: refuse to pick that by default.
+			percent, s.PercentSource = 100, SourceGoDefault
+			s.Note = "no memory limit could be set, so GOGC stays at Go's default"
+		}
+		debug.SetGCPercent(percent)
+		debug.SetMemoryLimit(limit)
+	}
+	s.Percent = percent
+	s.setLimit(limit)
+	t.state = s
+	return nil
+}
+
+func sourceOf(environ map[string]string, name string) string {
+	if environ[name] != "" {
+		return SourceEnv
+	}
+	return SourceDefault
+}
+
+// resolve turns a configured limit into bytes (noLimit for none), with a
+// note on where a ratio's base came from.
+func (t *Tuner) resolve(m config.MemoryLimit) (int64, string, error) {
+	switch {
+	case m.Bytes > 0:
+		return int64(m.Bytes), "", nil
+	case m.Ratio > 0:
+		total, from, err := t.memory()
+		if err != nil {
+			return 0, "", fmt.Errorf("reading the memory available: %w", err)
+		}
+		limit := int64(float64(total) * m.Ratio)
+		return limit, fmt.Sprintf("memory limit is %s of %s (%s)", strconv.FormatFloat(m.Ratio, 'f', -1, 64), humanBytes(int64(total)), from), nil
+	}
+	return noLimit, "", nil
+}
+
+// containerMemory is the cgroup's memory limit (v1 or v2) or, without
+// one, the system's memory.
+func containerMemory() (uint64, string, error) {
+	b, err := memlimit.FromCgroup()
+	if err == nil {
+		return b, "the cgroup's memory limit", nil
+	}
+	if !errors.Is(err, memlimit.ErrNoLimit) && !errors.Is(err, memlimit.ErrNoCgroup) && !errors.Is(err, memlimit.ErrCgroupsNotSupported) {
+		return 0, "", err
+	}
+	b, err = memlimit.FromSystem()
+	if err != nil {
+		return 0, "", err
+	}
+	return b, "no cgroup memory limit: the system's memory", nil
+}
+
+// currentPercent reads GOGC without changing it.
+func currentPercent() int {
+	p := debug.SetGCPercent(100)
+	debug.SetGCPercent(p)
+	return p
+}
+
+func (s *State) setLimit(limit int64) {
+	if limit == noLimit {
+		s.MemoryLimitBytes, s.MemoryLimit = 0, "none"
+		return
+	}
+	s.MemoryLimitBytes, s.MemoryLimit = limit, humanBytes(limit)
+}
+
+// humanBytes writes a size exactly when it is a whole number of KiB, MiB
+// or GiB (as ByteSize does), else to a tenth of a MiB or GiB.
+func humanBytes(n int64) string {
+	if s := config.ByteSize(n).String(); n%1024 == 0 {
+		return s
+	}
+	if n >= 1<<30 {
+		return strconv.FormatFloat(float64(n)/(1<<30), 'f', 1, 64) + "GiB"
+	}
+	return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + "MiB"
+}
+
+// State returns the settings in force.
+func (t *Tuner) State() State {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.state
+}
+
+// Update is a change of settings; nil fields are left as they are.
+type Update struct {
+	Percent     *config.GCPercent   `json:"percent"`
+	MemoryLimit *config.MemoryLimit `json:"memory_limit"`
+}
+
+// Set applies u to the runtime, all or nothing, and returns the settings
+// now in force. It refuses a high GOGC (or off) with no memory limit.
+func (t *Tuner) Set(u Update) (State, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.state
+	percent, limit := s.Percent, int64(noLimit)
+	if s.MemoryLimitBytes > 0 {
+		limit = s.MemoryLimitBytes
+	}
+	note := s.Note
+	if u.Percent != nil {
+		percent = int(*u.Percent)
+	}
+	if u.MemoryLimit != nil {
+		l, n, err := t.resolve(*u.MemoryLimit)
+		if err != nil {
+			return s, err
+		}
+		limit, note = l, n
+	}
+	if (percent < 0 || percent > 100) && limit == noLimit {
+		return s, fmt.Errorf("percent %s with no memory limit would let the heap grow without bound; set memory_limit too", config.GCPercent(percent))
+	}
+	debug.SetGCPercent(percent)
+	debug.SetMemoryLimit(limit)
+	if u.Percent != nil {
+		s.Percent, s.PercentSource = percent, SourceRuntime
+	}
+	if u.MemoryLimit != nil {
+		s.setLimit(limit)
+		s.MemoryLimitSource, s.Note = SourceRuntime, note
+	}
+	s.Tuning = true
+	t.state = s
+	return s, nil
+}

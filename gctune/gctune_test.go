@@ -1,0 +1,169 @@
+package gctune
+
+import (
+	"errors"
+	"runtime/debug"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/serveproxy/serveproxy/config"
+)
+
+// keepRuntime restores the runtime's GC settings after a test: they are
+// process-wide.
+func keepRuntime(t *testing.T) {
+	t.Helper()
+	p, l := currentPercent(), debug.SetMemoryLimit(-1)
+	t.Cleanup(func() {
+		debug.SetGCPercent(p)
+		debug.SetMemoryLimit(l)
+	})
+}
+
+func env(t *testing.T, environ map[string]string) config.Env {
+	t.Helper()
+	e, err := config.ReadEnv(environ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+const gib = 1 << 30
+
+// ninety is the default limit (0.9) of 4 GiB, as the code computes it.
+var ninety = func() int64 { total := uint64(4 * gib); return int64(float64(total) * 0.9) }()
+
+// apply is Apply with a fixed amount of container memory.
+func apply(t *testing.T, environ map[string]string, memory uint64, memErr error) (*Tuner, error) {
+	t.Helper()
+	tu := &Tuner{memory: func() (uint64, string, error) { return memory, "the cgroup's memory limit", memErr }}
+	return tu, tu.apply(env(t, environ), environ)
+}
+
+func TestApply(t *testing.T) {
+	tests := []struct {
+		name          string
+		environ       map[string]string
+		wantPercent   int
+		wantLimit     int64
+		percentSource string
+		limitSource   string
+	}{
+		{"defaults", map[string]string{}, 400, ninety, SourceDefault, SourceDefault},
+		{"env flag off", map[string]string{"PROXY_GC_TUNING": "false"}, -2, -2, SourceGoDefault, SourceGoDefault},
+		{"env percent", map[string]string{"PROXY_GC_PERCENT": "800"}, 800, ninety, SourceEnv, SourceDefault},
+		{"env off and bytes", map[string]string{"PROXY_GC_PERCENT": "off", "PROXY_GC_MEMORY_LIMIT": "256MiB"}, -1, 256 << 20, SourceEnv, SourceEnv},
+		{"env ratio", map[string]string{"PROXY_GC_MEMORY_LIMIT": "0.5"}, 400, 2 * gib, SourceDefault, SourceEnv},
+		{"user GOGC wins", map[string]string{"GOGC": "150", "PROXY_GC_PERCENT": "800"}, -2, ninety, SourceGOGC, SourceDefault},
+		{"user GOMEMLIMIT wins", map[string]string{"GOMEMLIMIT": "1GiB"}, 400, -2, SourceDefault, SourceGOMEMLIM},
+		{"explicit no limit", map[string]string{"PROXY_GC_MEMORY_LIMIT": "none"}, 400, 0, SourceDefault, SourceEnv},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			keepRuntime(t)
+			if tt.environ["GOMEMLIMIT"] != "" {
+				debug.SetMemoryLimit(gib) // as the runtime does at start
+			}
+			before, beforeLimit := currentPercent(), debug.SetMemoryLimit(-1)
+			tu, err := apply(t, tt.environ, 4*gib, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := tu.State()
+			wantPercent, wantLimit := tt.wantPercent, tt.wantLimit
+			if wantPercent == -2 { // untouched
+				wantPercent = before
+			}
+			if wantLimit == -2 {
+				wantLimit = beforeLimit
+				if wantLimit == noLimit {
+					wantLimit = 0
+				}
+			}
+			if s.Percent != wantPercent || currentPercent() != wantPercent {
+				t.Errorf("percent = %d (runtime %d), want %d", s.Percent, currentPercent(), wantPercent)
+			}
+			if s.MemoryLimitBytes != wantLimit {
+				t.Errorf("memory limit = %d, want %d", s.MemoryLimitBytes, wantLimit)
+			}
+			if got := debug.SetMemoryLimit(-1); wantLimit > 0 && got != wantLimit {
+				t.Errorf("runtime memory limit = %d, want %d", got, wantLimit)
+			}
+			if s.PercentSource != tt.percentSource || s.MemoryLimitSource != tt.limitSource {
+				t.Errorf("sources = %q, %q; want %q, %q", s.PercentSource, s.MemoryLimitSource, tt.percentSource, tt.limitSource)
+			}
+		})
+	}
+}
+
+func TestApplyNoMemoryKnownKeepsGoDefault(t *testing.T) {
+	keepRuntime(t)
+	_, err := apply(t, map[string]string{}, 0, errors.New("no /proc"))
+	if err == nil || !strings.Contains(err.Error(), "PROXY_GC_MEMORY_LIMIT") {
+		t.Fatalf("err = %v, want one naming PROXY_GC_MEMORY_LIMIT", err)
+	}
+}
+
+func TestSet(t *testing.T) {
+	keepRuntime(t)
+	tu, err := apply(t, map[string]string{}, 4*gib, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := config.GCPercent(300)
+	l := config.MemoryLimit{Bytes: 256 << 20}
+	s, err := tu.Set(Update{Percent: &p, MemoryLimit: &l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Percent != 300 || currentPercent() != 300 || s.MemoryLimitBytes != 256<<20 || debug.SetMemoryLimit(-1) != 256<<20 {
+		t.Fatalf("after Set: %+v (runtime %d, %d)", s, currentPercent(), debug.SetMemoryLimit(-1))
+	}
+	if s.PercentSource != SourceRuntime || s.MemoryLimitSource != SourceRuntime {
+		t.Fatalf("sources = %q %q", s.PercentSource, s.MemoryLimitSource)
+	}
+	// A high GOGC with no limit is refused, and nothing changes.
+	off, none := config.GCOff, config.MemoryLimit{}
+	if _, err := tu.Set(Update{Percent: &off, MemoryLimit: &none}); err == nil {
+		t.Fatal("Set accepted GOGC off with no memory limit")
+	}
+	if got := tu.State(); got != s || currentPercent() != 300 {
+		t.Fatalf("a refused Set changed the state: %+v", got)
+	}
+}
+
+func TestCollector(t *testing.T) {
+	keepRuntime(t)
+	tu, err := apply(t, map[string]string{"PROXY_GC_MEMORY_LIMIT": "512MiB", "PROXY_GC_PERCENT": "200"}, 4*gib, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(tu.Collector())
+	want := `
+# HELP serve_proxy_gc_memory_limit_bytes The soft memory limit in force, in bytes; 0 when there is none.
+# TYPE serve_proxy_gc_memory_limit_bytes gauge
+serve_proxy_gc_memory_limit_bytes 5.36870912e+08
+# HELP serve_proxy_gc_percent The GOGC in force; -1 when proportional collection is off.
+# TYPE serve_proxy_gc_percent gauge
+serve_proxy_gc_percent 200
+# HELP serve_proxy_gc_tuning_enabled Whether the proxy's GC tuning is on (1) or Go's defaults are in force (0).
+# TYPE serve_proxy_gc_tuning_enabled gauge
+serve_proxy_gc_tuning_enabled 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestHumanBytes(t *testing.T) {
+	for n, want := range map[int64]string{256 << 20: "256MiB", 22748851814: "21.2GiB", 1500000: "1.4MiB"} {
+		if got := humanBytes(n); got != want {
+			t.Errorf("humanBytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

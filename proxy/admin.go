@@ -1,0 +1,123 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/serveproxy/serveproxy/config"
+	"github.com/serveproxy/serveproxy/gctune"
+)
+
+// maxAdminBody bounds the body of an admin call.
+const maxAdminBody = 1 << 20
+
+// requireToken lets a mutating admin call through only with the admin
+// token, when one is set.
+func (p *Proxy) requireToken(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p.opts.AdminToken != "" {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(p.opts.AdminToken)) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="serveproxy admin"`)
+				writeJSONError(w, http.StatusUnauthorized, errors.New("this call needs Authorization: Bearer <PROXY_ADMIN_TOKEN>"))
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeJSONError(w http.ResponseWriter, status int, err error) {
+	writeJSON(w, status, map[string]string{"error": err.Error()})
+}
+
+// decodeJSON reads a JSON body strictly into v: unknown fields, trailing
+// data and oversized bodies are errors.
+func decodeJSON(r *http.Request, v any) error {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxAdminBody+1))
+	if err != nil {
+		return fmt.Errorf("reading the body: %w", err)
+	}
+	if len(body) > maxAdminBody {
+		return fmt.Errorf("body larger than %d bytes", maxAdminBody)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("invalid JSON: %w", err)
+	}
+	if dec.More() {
+		return errors.New("invalid JSON: more than one value")
+	}
+	return nil
+}
+
+// getGC answers the GC settings in force.
+func (p *Proxy) getGC(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, p.opts.GC.State())
+}
+
+// gcUpdate is PUT /-/gc's body: {"percent": 300 or "off", "memory_limit":
+// "256MiB" or "0.9" or "none"}.
+type gcUpdate struct {
+	Percent     json.RawMessage `json:"percent"`
+	MemoryLimit *string         `json:"memory_limit"`
+}
+
+// putGC retunes the GC without a restart; bad input changes nothing.
+func (p *Proxy) putGC(w http.ResponseWriter, r *http.Request) {
+	var body gcUpdate
+	if err := decodeJSON(r, &body); err != nil {
+		writeJSONError(w, http.StatusBadRequest, err)
+		return
+	}
+	u, err := body.update()
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, err)
+		return
+	}
+	if u.Percent == nil && u.MemoryLimit == nil {
+		writeJSONError(w, http.StatusBadRequest, errors.New(`nothing to change: give "percent" and/or "memory_limit"`))
+		return
+	}
+	s, err := p.opts.GC.Set(u)
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, err)
+		return
+	}
+	p.opts.Log.Info().Int("percent", s.Percent).Str("memory_limit", s.MemoryLimit).Msg("GC retuned through PUT /-/gc")
+	writeJSON(w, http.StatusOK, s)
+}
+
+func (b gcUpdate) update() (gctune.Update, error) {
+	var u gctune.Update
+	if len(b.Percent) > 0 && string(b.Percent) != "null" {
+		// A number or a string ("off", "400"): both read as text.
+		text := strings.Trim(string(b.Percent), `"`)
+		u.Percent = new(config.GCPercent)
+		if err := u.Percent.UnmarshalText([]byte(text)); err != nil {
+			return u, fmt.Errorf("percent: %w", err)
+		}
+	}
+	if b.MemoryLimit != nil {
+		u.MemoryLimit = new(config.MemoryLimit)
+		if err := u.MemoryLimit.UnmarshalText([]byte(*b.MemoryLimit)); err != nil {
+			return u, fmt.Errorf("memory_limit: %w", err)
+		}
+	}
+	return u, nil
+}

@@ -1,0 +1,107 @@
+package proxy
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"testing"
+
+	"github.com/serveproxy/serveproxy/config"
+	"github.com/serveproxy/serveproxy/gctune"
+)
+
+func newTuner(t *testing.T) *gctune.Tuner {
+	t.Helper()
+	p := debug.SetGCPercent(100)
+	debug.SetGCPercent(p)
+	l := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetGCPercent(p); debug.SetMemoryLimit(l) })
+	environ := map[string]string{"PROXY_GC_MEMORY_LIMIT": "512MiB"}
+	e, err := config.ReadEnv(environ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tu, err := gctune.Apply(e, environ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tu
+}
+
+func put(t *testing.T, url, body, token string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("PUT", url, strings.NewReader(body))
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestGCEndpoints(t *testing.T) {
+	tu := newTuner(t)
+	tp := startProxy(t, Options{GC: tu, AdminToken: "s3cret"}, testDeployment{app: "a", prefix: "/", factory: static("hi")})
+	gcURL := tp.adminURL + "/-/gc"
+
+	resp, body := get(t, gcURL)
+	var s gctune.State
+	if err := json.Unmarshal([]byte(body), &s); err != nil || resp.StatusCode != 200 || s.Percent != 400 || s.MemoryLimitBytes != 512<<20 {
+		t.Fatalf("GET /-/gc = %d %s", resp.StatusCode, body)
+	}
+
+	// Without the token: 401, nothing changed.
+	if code, body := put(t, gcURL, `{"percent": 300}`, ""); code != 401 || !strings.Contains(body, "Bearer") {
+		t.Fatalf("PUT without token = %d %s, want 401", code, body)
+	}
+	if code, _ := put(t, gcURL, `{"percent": 300}`, "wrong"); code != 401 {
+		t.Fatalf("PUT with a wrong token = %d, want 401", code)
+	}
+	if tu.State().Percent != 400 {
+		t.Fatal("an unauthorized PUT changed the settings")
+	}
+
+	bad := []struct{ body, want string }{
+		{`{"percent": 300`, "invalid JSON"},
+		{`{"percnt": 300}`, `unknown field`},
+		{`{"percent": 0}`, "percent: invalid GC percent"},
+		{`{"percent": 2.5}`, "percent: invalid GC percent"},
+		{`{"memory_limit": "lots"}`, "memory_limit: invalid memory limit"},
+		{`{"percent": "off", "memory_limit": "none"}`, "without bound"},
+		{`{}`, "nothing to change"},
+		{`{"percent": 300} {"percent": 1}`, "more than one value"},
+	}
+	for _, tt := range bad {
+		code, body := put(t, gcURL, tt.body, "s3cret")
+		if code != 400 || !strings.Contains(body, tt.want) {
+			t.Errorf("PUT %s = %d %s, want 400 with %q", tt.body, code, body, tt.want)
+		}
+	}
+	if s := tu.State(); s.Percent != 400 || s.MemoryLimitBytes != 512<<20 {
+		t.Fatalf("rejected PUTs changed the settings: %+v", s)
+	}
+
+	code, body := put(t, gcURL, `{"percent": 300, "memory_limit": "256MiB"}`, "s3cret")
+	if err := json.Unmarshal([]byte(body), &s); err != nil || code != 200 || s.Percent != 300 || s.MemoryLimitBytes != 256<<20 || s.PercentSource != gctune.SourceRuntime {
+		t.Fatalf("PUT = %d %s", code, body)
+	}
+	if p := debug.SetGCPercent(300); p != 300 {
+		t.Fatalf("runtime GOGC = %d, want 300", p)
+	}
+	_, m := get(t, tp.adminURL+"/metrics")
+	for _, want := range []string{"serve_proxy_gc_percent 300", "serve_proxy_gc_memory_limit_bytes 2.68435456e+08", "serve_proxy_gc_tuning_enabled 1"} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	// Nothing of this is on the public port: there the path is the app's.
+	if code, body := put(t, tp.url+"/-/gc", `{"percent": 200}`, "s3cret"); body != "hi" || tu.State().Percent != 300 {
+		t.Fatalf("public PUT /-/gc = %d %q, GOGC %d: reached the admin handler", code, body, tu.State().Percent)
+	}
+}
