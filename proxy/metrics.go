@@ -18,8 +18,7 @@ type metrics struct {
 	requests      *prometheus.CounterVec
 	errors        *prometheus.CounterVec
 	latency       *prometheus.HistogramVec
-	ongoing       prometheus.Gauge
-	depRequests   *prometheus.CounterVec
+	ongoing       atomic.Int64 // read at scrape time by a GaugeFunc
 	depErrors     *prometheus.CounterVec
 	depLatency    *prometheus.HistogramVec
 	accessDropped prometheus.Counter
@@ -40,14 +39,6 @@ func newMetrics(reg prometheus.Registerer, deployments []*Deployment) (*metrics,
 			Help:    "The end-to-end latency of HTTP requests, in milliseconds, measured from the proxy.",
 			Buckets: latencyBucketsMS,
 		}, []string{"route", "method", "application", "status_code"}),
-		ongoing: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "serve_num_ongoing_http_requests",
-			Help: "The number of HTTP requests the proxy is answering now.",
-		}),
-		depRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "serve_deployment_request_counter_total",
-			Help: "The number of requests processed by the replica.",
-		}, []string{"application", "deployment", "replica", "route"}),
 		depErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "serve_deployment_error_counter_total",
 			Help: "The number of requests the replica answered with an error (status 500 or above, or a panic).",
@@ -62,8 +53,12 @@ func newMetrics(reg prometheus.Registerer, deployments []*Deployment) (*metrics,
 			Help: "Access-log lines dropped because the log writer fell behind (the request path never waits for it).",
 		}),
 	}
+	ongoing := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "serve_num_ongoing_http_requests",
+		Help: "The number of HTTP requests the proxy is answering now.",
+	}, func() float64 { return float64(m.ongoing.Load()) })
 	for _, c := range []prometheus.Collector{
-		m.requests, m.errors, m.latency, m.ongoing, m.depRequests, m.depErrors, m.depLatency, m.accessDropped,
+		m.requests, m.errors, m.latency, ongoing, m.depErrors, m.depLatency, m.accessDropped,
 		&stateCollector{deployments: deployments},
 	} {
 		if err := reg.Register(c); err != nil {
@@ -87,11 +82,11 @@ type httpObservers struct {
 	errors   prometheus.Counter // nil below 400
 }
 
-// replicaObservers are the resolved deployment metrics of one replica and route.
+// replicaObservers are the resolved deployment metrics of one replica and
+// route. Its request count is the replica's own, read at scrape time.
 type replicaObservers struct {
-	requests prometheus.Counter
-	errors   prometheus.Counter
-	latency  prometheus.Observer
+	errors  prometheus.Counter
+	latency prometheus.Observer
 }
 
 // routeMetrics caches the resolved observers of one route (the empty route
@@ -116,9 +111,8 @@ func (m *metrics) forRoute(route, app, deployment string) *routeMetrics {
 	}
 	rm.replicas.build = func(replicaID string) *replicaObservers {
 		return &replicaObservers{
-			requests: m.depRequests.WithLabelValues(app, deployment, replicaID, route),
-			errors:   m.depErrors.WithLabelValues(app, deployment, replicaID, route),
-			latency:  m.depLatency.WithLabelValues(app, deployment, replicaID, route),
+			errors:  m.depErrors.WithLabelValues(app, deployment, replicaID, route),
+			latency: m.depLatency.WithLabelValues(app, deployment, replicaID, route),
 		}
 	}
 	return rm
@@ -169,8 +163,8 @@ func methodLabel(m string) string {
 	return "OTHER"
 }
 
-// stateCollector reads queue lengths, replica load and health at scrape
-// time, so that the request path pays nothing for them.
+// stateCollector reads queue lengths, replica load, request counts and
+// health at scrape time, so that the request path pays nothing for them.
 type stateCollector struct {
 	deployments []*Deployment
 }
@@ -182,6 +176,9 @@ var (
 	processingDesc = prometheus.NewDesc("serve_replica_processing_queries",
 		"The number of requests the replica is processing now.",
 		[]string{"application", "deployment", "replica"}, nil)
+	replicaRequestsDesc = prometheus.NewDesc("serve_deployment_request_counter_total",
+		"The number of requests processed by the replica.",
+		[]string{"application", "deployment", "replica", "route"}, nil)
 	healthyDesc = prometheus.NewDesc("serve_deployment_replica_healthy",
 		"Whether the replica is healthy (1) or not (0).",
 		[]string{"application", "deployment", "replica"}, nil)
@@ -191,6 +188,7 @@ var (
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- queuedDesc
 	ch <- processingDesc
+	ch <- replicaRequestsDesc
 	ch <- healthyDesc
 }
 
@@ -201,6 +199,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(queuedDesc, prometheus.GaugeValue, float64(d.Scheduler.Queued()), app, name)
 		for _, l := range d.Replicas() {
 			ch <- prometheus.MustNewConstMetric(processingDesc, prometheus.GaugeValue, float64(l.Ongoing()), app, name, l.ID())
+			ch <- prometheus.MustNewConstMetric(replicaRequestsDesc, prometheus.CounterValue, float64(l.Served()), app, name, l.ID(), d.route)
 			healthy := 0.0
 			if d.Healthy(l) {
 				healthy = 1

@@ -26,6 +26,7 @@ import (
 type Deployment struct {
 	*replica.Deployment
 	Scheduler *router.Scheduler
+	route     string // the route prefix it is the ingress of; "" if none
 }
 
 // NewDeployment builds a deployment's replicas and its scheduler, wired so
@@ -86,7 +87,7 @@ type Proxy struct {
 	deployments []*Deployment
 	metrics     *metrics
 	registry    *prometheus.Registry // nil when Options.Registerer was given
-	notFound    *routeMetrics        // metrics of requests no route matched
+	notFound    *routeState          // for requests no route matched
 	routeMeta   map[*router.Route]*routeState
 	access      *AccessLogger // nil without an access log
 	draining    atomic.Bool
@@ -97,6 +98,18 @@ type Proxy struct {
 // router's view of it.
 type routeState struct {
 	metrics *routeMetrics
+	// log is the access log with the route's application, route and
+	// deployment encoded once; nil without an access log.
+	log *zerolog.Logger
+}
+
+func (p *Proxy) newRouteState(route, app, deployment string) *routeState {
+	rs := &routeState{metrics: p.metrics.forRoute(route, app, deployment)}
+	if p.access != nil {
+		l := p.access.With().Str("application", app).Str("route", route).Str("deployment", deployment).Logger()
+		rs.log = &l
+	}
+	return rs
 }
 
 // New builds a proxy. Its deployments take requests once Start is called.
@@ -118,6 +131,7 @@ func New(opts Options) (*Proxy, error) {
 		}
 		p.deployments = append(p.deployments, app.Deployments...)
 		ingress := app.Deployments[0]
+		ingress.route = app.RoutePrefix
 		routes = append(routes, router.Route{
 			Prefix:      app.RoutePrefix,
 			Application: app.Name,
@@ -141,9 +155,9 @@ func New(opts Options) (*Proxy, error) {
 	if opts.AccessLog != nil {
 		p.access = NewAccessLogger(opts.AccessLog, opts.LogFormat, func(n int) { p.metrics.accessDropped.Add(float64(n)) })
 	}
-	p.notFound = p.metrics.forRoute("", "", "")
+	p.notFound = p.newRouteState("", "", "")
 	for _, r := range table.Routes() {
-		p.routeMeta[r] = &routeState{metrics: p.metrics.forRoute(r.Prefix, r.Application, r.Deployment)}
+		p.routeMeta[r] = p.newRouteState(r.Prefix, r.Application, r.Deployment)
 	}
 	return p, nil
 }

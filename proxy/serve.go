@@ -59,8 +59,8 @@ type result struct {
 // serveApp is the request path of every application route.
 func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	p.metrics.ongoing.Inc()
-	defer p.metrics.ongoing.Dec()
+	p.metrics.ongoing.Add(1)
+	defer p.metrics.ongoing.Add(-1)
 
 	// The key is canonical already: index the map rather than pay Get's
 	// canonicalization.
@@ -179,37 +179,34 @@ func (p *Proxy) finish(sw *statusWriter, r *http.Request, err error) int {
 // record writes the request's metrics and access-log line.
 func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result) {
 	elapsed := res.end.Sub(start)
-	method := methodLabel(r.Method)
-	rm := p.notFound
-	var route, app, deployment, replicaID string
+	rs := p.notFound
 	if res.route != nil {
-		rm = p.routeMeta[res.route].metrics
-		route, app, deployment = res.route.Prefix, res.route.Application, res.route.Deployment
+		rs = p.routeMeta[res.route]
 	}
 	ms := float64(elapsed) / float64(time.Millisecond)
-	o := rm.http.get(httpKey{method: method, status: res.status})
+	o := rs.metrics.http.get(httpKey{method: methodLabel(r.Method), status: res.status})
 	o.requests.Inc()
 	o.latency.Observe(ms)
 	if o.errors != nil {
 		o.errors.Inc()
 	}
+	var replicaID string
 	if res.replica != nil {
 		replicaID = res.replica.ID()
-		ro := rm.replicas.get(replicaID)
-		ro.requests.Inc()
+		ro := rs.metrics.replicas.get(replicaID)
 		ro.latency.Observe(float64(res.end.Sub(res.replicaStart)) / float64(time.Millisecond))
 		if res.status >= 500 {
 			ro.errors.Inc()
 		}
 	}
-	if p.access == nil {
+	if rs.log == nil {
 		return
 	}
 	var e *zerolog.Event
 	if res.status >= 500 && res.status != StatusClientClosedRequest {
-		e = p.access.Warn()
+		e = rs.log.Warn()
 	} else {
-		e = p.access.Info()
+		e = rs.log.Info()
 	}
 	// The line's time is the request's end, already read: time.Now is a
 	// measurable cost per request on virtual machines.
@@ -219,9 +216,6 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 		Str("path", r.URL.Path).
 		Int("status", res.status).
 		Float64("latency_ms", ms).
-		Str("application", app).
-		Str("route", route).
-		Str("deployment", deployment).
 		Str("replica", replicaID).
 		Msg("")
 }
