@@ -38,7 +38,7 @@ type staticConfig struct {
 type staticResponse struct {
 	body        []byte
 	status      int
-	contentType []string
+	contentType []string // nil when net/http's sniffing gives the same
 }
 
 // Static answers every request with the same body and status.
@@ -77,11 +77,12 @@ func (s *Static) Reconfigure(_ context.Context, userConfig json.RawMessage) erro
 // ServeHTTP writes the configured response.
 func (s *Static) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	resp := s.resp.Load()
-	h := w.Header()
-	// The slice is shared by every response and never mutated: assigning
-	// it avoids an allocation per request. net/http sets Content-Length
-	// itself for a body this size.
-	h["Content-Type"] = resp.contentType
+	if resp.contentType != nil {
+		// The slice is shared by every response and never mutated:
+		// assigning it avoids an allocation per request.
+		w.Header()["Content-Type"] = resp.contentType
+	}
+	// net/http sets Content-Length itself for a body this size.
 	w.WriteHeader(resp.status)
 	_, _ = w.Write(resp.body)
 }
