@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailed  = 1 // the load or the harness failed, or was interrupted
+	exitInvalid = 2 // bad flags or arguments: nothing was sent
+)
+
+// run is main without the process: it dispatches on the subcommand, and
+// tests call it.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "compare":
+			return runCompare(ctx, args[1:], stdout, stderr)
+		case "gc-compare":
+			return runGCCompare(ctx, args[1:], stdout, stderr)
+		}
+	}
+	return runLoad(ctx, args, stdout, stderr)
+}
+
+// usageError is a problem with the command line; it exits 2.
+type usageError struct{ msg string }
+
+// Error implements error.
+func (e *usageError) Error() string { return e.msg }
+
+// usagef returns a usageError; by convention its text starts with the flag.
+func usagef(format string, a ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, a...)}
+}
+
+// report prints err for command name and returns its exit code: 2 for a
+// usage error or a flag the flag package rejected (it has printed it), 1
+// otherwise.
+func report(stderr io.Writer, name string, err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return exitInvalid
+	}
+	var ue *usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return exitInvalid
+	}
+	if errors.Is(err, errFlagParse) {
+		return exitInvalid
+	}
+	fmt.Fprintf(stderr, "%s: %v\n", name, err)
+	return exitFailed
+}
+
+// errFlagParse wraps the flag package's errors, which it has already
+// printed with the usage.
+var errFlagParse = errors.New("bad flags")
+
+// parse runs fs.Parse, marking its errors as already printed.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", errFlagParse, err)
+	}
+	return nil
+}
+
+// explicit returns the names of the flags set on the command line.
+func explicit(fs *flag.FlagSet) map[string]bool {
+	set := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
+}

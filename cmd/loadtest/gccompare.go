@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/serveproxy/serveproxy/loadtest"
+)
+
+// proxyPackage is the package gc-compare builds when -proxy is not given.
+const proxyPackage = "github.com/serveproxy/serveproxy/cmd/proxy"
+
+// buildTimeout bounds `go build` of the proxy.
+const buildTimeout = 5 * time.Minute
+
+// gcOptions is the gc-compare command line.
+type gcOptions struct {
+	cfg      loadtest.GCCompareConfig
+	keepLogs bool
+}
+
+// parseGCCompare turns the gc-compare command line into a GCCompareConfig
+// (ProxyPath empty when the proxy is to be built).
+func parseGCCompare(args []string, stderr io.Writer) (gcOptions, error) {
+	fs := flag.NewFlagSet("loadtest gc-compare", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var names []string
+	for _, s := range loadtest.DefaultGCSettings() {
+		names = append(names, s.Name)
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: loadtest gc-compare [flags]\n\n"+
+			"Starts the proxy afresh for every GC setting in every round, on ephemeral loopback ports,\n"+
+			"runs the scenario, and prints the medians: req/s, latency, GC cycles, peak RSS.\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	proxyPath := fs.String("proxy", "", "proxy `binary` (default: go build "+proxyPackage+" into a temp dir)")
+	scenario := fs.String("scenario", loadtest.ScenarioSeed, "seed (no config: closed loop -n at -c, then open loop at -rate for -t) or echo16k (16 echo replicas, 16 KiB POSTs, closed loop at -c for -t)")
+	rounds := fs.Int("rounds", 3, "rounds (every setting once per round, the order rotated)")
+	d := fs.Duration("t", 20*time.Second, "length of the open loop (seed) or the closed loop (echo16k)")
+	rate := fs.Float64("rate", 5000, "seed: open-loop requests/s")
+	n := fs.Int64("n", 10000, "seed: closed-loop requests")
+	c := fs.Int("c", 100, "closed-loop workers")
+	accessLog := fs.Bool("access-log", true, "PROXY_ACCESS_LOG for the proxy")
+	settings := fs.String("settings", "", "comma-separated subset of the settings, in this order (default all: "+strings.Join(names, ",")+")")
+	keepLogs := fs.Bool("keep-logs", false, "keep every run's proxy log (and print where)")
+	if err := parse(fs, args); err != nil {
+		return gcOptions{}, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return gcOptions{}, usagef("unexpected arguments: %q", fs.Args())
+	case *scenario != loadtest.ScenarioSeed && *scenario != loadtest.ScenarioEcho16k:
+		return gcOptions{}, usagef("-scenario: want seed or echo16k, got %q", *scenario)
+	case *rounds < 1:
+		return gcOptions{}, usagef("-rounds: must be >= 1, got %d", *rounds)
+	case *d <= 0:
+		return gcOptions{}, usagef("-t: must be > 0, got %v", *d)
+	case *rate <= 0:
+		return gcOptions{}, usagef("-rate: must be > 0, got %g", *rate)
+	case *n < 1:
+		return gcOptions{}, usagef("-n: must be >= 1, got %d", *n)
+	case *c < 1:
+		return gcOptions{}, usagef("-c: must be >= 1, got %d", *c)
+	}
+	cfg := loadtest.GCCompareConfig{
+		ProxyPath: *proxyPath, Scenario: *scenario, Rounds: *rounds, Duration: *d,
+		Rate: *rate, Requests: *n, Concurrency: *c, AccessLog: *accessLog, KeepLogs: *keepLogs,
+	}
+	if *settings != "" {
+		all := loadtest.DefaultGCSettings()
+		for _, name := range strings.Split(*settings, ",") {
+			i := slices.IndexFunc(all, func(s loadtest.GCSetting) bool { return s.Name == strings.TrimSpace(name) })
+			if i < 0 {
+				return gcOptions{}, usagef("-settings: unknown setting %q (known: %s)", name, strings.Join(names, ", "))
+			}
+			if slices.ContainsFunc(cfg.Settings, func(s loadtest.GCSetting) bool { return s.Name == all[i].Name }) {
+				return gcOptions{}, usagef("-settings: %q given twice", all[i].Name)
+			}
+			cfg.Settings = append(cfg.Settings, all[i])
+		}
+	}
+	return gcOptions{cfg: cfg, keepLogs: *keepLogs}, nil
+}
+
+// buildProxy runs `go build` of the proxy into dir and returns the binary.
+func buildProxy(ctx context.Context, dir string, stderr io.Writer) (string, error) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		return "", fmt.Errorf("building the proxy: %w (or give -proxy PATH)", err)
+	}
+	out := filepath.Join(dir, "proxy")
+	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
+	defer cancel()
+	// #nosec G204 -- fixed arguments: the go tool and this module's package.
+	cmd := exec.CommandContext(ctx, goBin, "build", "-o", out, proxyPackage)
+	cmd.Stdout, cmd.Stderr = stderr, stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("go build %s: %w (run inside the module, or give -proxy PATH)", proxyPackage, err)
+	}
+	return out, nil
+}
+
+// runGCCompare is the gc-compare subcommand.
+func runGCCompare(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	opts, err := parseGCCompare(args, stderr)
+	if err != nil {
+		return report(stderr, "loadtest gc-compare", err)
+	}
+	cfg := opts.cfg
+	tmp, err := os.MkdirTemp("", "gc-compare-")
+	if err != nil {
+		return report(stderr, "loadtest gc-compare", err)
+	}
+	if opts.keepLogs {
+		cfg.Dir = tmp
+		defer fmt.Fprintf(stderr, "gc-compare: proxy logs kept in %s\n", tmp)
+	} else {
+		defer os.RemoveAll(tmp)
+	}
+	if cfg.ProxyPath == "" {
+		fmt.Fprintf(stderr, "gc-compare: building %s\n", proxyPackage)
+		if cfg.ProxyPath, err = buildProxy(ctx, tmp, stderr); err != nil {
+			return report(stderr, "loadtest gc-compare", err)
+		}
+	}
+	cfg.Log = stdout
+	fmt.Fprintf(stdout, "gc-compare: scenario %s, %d rounds, proxy %s, access log %t\n",
+		cfg.Scenario, cfg.Rounds, cfg.ProxyPath, cfg.AccessLog)
+	res, err := loadtest.GCCompare(ctx, cfg)
+	if res != nil && len(res.Medians) > 0 {
+		fmt.Fprintln(stdout, "\nmedians:")
+		if werr := res.WriteText(stdout); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	if err != nil {
+		if errors.Is(err, context.Canceled) {
+			err = fmt.Errorf("interrupted (%w): the table above is partial", err)
+		}
+		return report(stderr, "loadtest gc-compare", err)
+	}
+	return exitOK
+}

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/serveproxy/serveproxy/loadtest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// runCmd runs the command line args and returns its exit code and output.
+func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	code = run(ctx, args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// server starts a loopback server counting requests and recording the last
+// one's method, header X-Test and body.
+func server(t *testing.T) (*httptest.Server, *atomic.Int64, *atomic.Value) {
+	t.Helper()
+	var hits atomic.Int64
+	var last atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		hits.Add(1)
+		last.Store(r.Method + " " + r.Header.Get("X-Test") + " " + string(b))
+		_, _ = w.Write([]byte("hi"))
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &hits, &last
+}
+
+func TestFlagErrors(t *testing.T) {
+	u := "http://127.0.0.1:1/"
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // in stderr
+	}{
+		{"no url", []string{"-n", "1"}, "URL: missing"},
+		{"two urls", []string{"-n", "1", u, u}, "unexpected arguments"},
+		{"no limit", []string{u}, "-n, -t: set at least one"},
+		{"negative n", []string{"-n", "-1", u}, "-n: must be >= 0"},
+		{"zero c", []string{"-n", "1", "-c", "0", u}, "-c: must be >= 1"},
+		{"bad c", []string{"-c", "many", u}, `invalid value "many" for flag -c`},
+		{"bad t", []string{"-t", "10", u}, `invalid value "10" for flag -t`},
+		{"negative t", []string{"-t", "-1s", u}, "-t: must be >= 0"},
+		{"unknown flag", []string{"-z", u}, "flag provided but not defined: -z"},
+		{"bad header", []string{"-n", "1", "-H", "NoColon", u}, `for flag -H: want "Key: Value"`},
+		{"body twice", []string{"-n", "1", "-d", "x", "-D", "f", u}, "-d, -D"},
+		{"missing body file", []string{"-n", "1", "-D", "/nonexistent/body", u}, "-D:"},
+		{"negative rate", []string{"-n", "1", "-rate", "-5", u}, "-rate: must be >= 0"},
+		{"c with rate", []string{"-n", "1", "-rate", "5", "-c", "3", u}, "-c: does not apply"},
+		{"zero max-inflight", []string{"-n", "1", "-rate", "5", "-max-inflight", "0", u}, "-max-inflight"},
+		{"zero timeout", []string{"-n", "1", "-timeout", "0s", u}, "-timeout: must be > 0"},
+		{"bad method", []string{"-n", "1", "-m", "GE T", u}, "Method"},
+		{"bad scheme", []string{"-n", "1", "ftp://127.0.0.1/"}, "URL: want http"},
+		{"remote host", []string{"-n", "1", "http://192.0.2.1/"}, "not loopback"},
+		{"remote name", []string{"-n", "1", "http://example.com/"}, "-allow-remote"},
+		{"help", []string{"-h"}, "usage: loadtest"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := runCmd(t, tc.args...)
+			if code != exitInvalid {
+				t.Errorf("exit %d, want %d", code, exitInvalid)
+			}
+			if !strings.Contains(stderr, tc.want) {
+				t.Errorf("stderr %q, want it to contain %q", stderr, tc.want)
+			}
+			if stdout != "" {
+				t.Errorf("stdout %q, want nothing", stdout)
+			}
+		})
+	}
+}
+
+func TestParseLoad(t *testing.T) {
+	body := filepath.Join(t.TempDir(), "body")
+	if err := os.WriteFile(body, []byte("from file"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := parseLoad([]string{"-n", "7", "-c", "3", "-k=false", "-m", "POST", "-H", "X-A: 1", "-H", "X-A: 2",
+		"-D", body, "-t", "2s", "-timeout", "3s", "-json", "-q", "http://localhost:9/x"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := opts.cfg
+	if c.Requests != 7 || c.Concurrency != 3 || !c.DisableKeepAlives || c.Method != "POST" || string(c.Body) != "from file" ||
+		c.Duration != 2*time.Second || c.Timeout != 3*time.Second || c.URL != "http://localhost:9/x" || !opts.json || c.Progress != nil {
+		t.Errorf("config %+v", c)
+	}
+	if got := c.Header.Values("X-A"); len(got) != 2 || got[0] != "1" || got[1] != "2" {
+		t.Errorf("headers %v", c.Header)
+	}
+
+	opts, err = parseLoad([]string{"-rate", "100", "-t", "1s", "-max-inflight", "5", "-d", "x", "http://127.0.0.1:9/"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := opts.cfg; c.Rate != 100 || c.MaxInFlight != 5 || string(c.Body) != "x" || c.DisableKeepAlives {
+		t.Errorf("config %+v", c)
+	}
+
+	// The guard lifts only when asked.
+	if _, err := parseLoad([]string{"-n", "1", "-allow-remote", "http://192.0.2.1/"}, io.Discard); err != nil {
+		t.Errorf("-allow-remote: %v", err)
+	}
+}
+
+func TestRunLoad(t *testing.T) {
+	srv, hits, last := server(t)
+	code, stdout, stderr := runCmd(t, "-n", "20", "-c", "2", "-m", "PUT", "-H", "X-Test: yes", "-d", "body", "-json", srv.URL)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var rep loadtest.Report
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		t.Fatalf("JSON: %v\n%s", err, stdout)
+	}
+	if rep.Completed != 20 || hits.Load() != 20 || last.Load() != "PUT yes body" {
+		t.Errorf("completed %d, server saw %d, last %v", rep.Completed, hits.Load(), last.Load())
+	}
+
+	code, stdout, stderr = runCmd(t, "-n", "10", "-k=false", srv.URL)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	s, err := loadtest.ParseText(strings.NewReader(stdout))
+	if err != nil || s.Complete != 10 || s.Failed != 0 || s.Percentiles[100] <= 0 {
+		t.Errorf("ParseText: %+v, %v\n%s", s, err, stdout)
+	}
+	if stderr != "" {
+		t.Errorf("stderr %q, want nothing (not a terminal: no progress bar)", stderr)
+	}
+}
+
+func TestCompareFlags(t *testing.T) {
+	a, b := "a=http://127.0.0.1:1/", "b=http://127.0.0.1:2/"
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"one target", []string{a}, "at least two"},
+		{"not a pair", []string{a, "http://127.0.0.1:2/"}, "want name=URL"},
+		{"twice", []string{a, a}, "given twice"},
+		{"remote", []string{a, "r=http://192.0.2.1/"}, "not loopback"},
+		{"rounds", []string{"-rounds", "0", a, b}, "-rounds"},
+		{"duration", []string{"-t", "0s", a, b}, "-t"},
+		{"conns", []string{"-c", "0", a, b}, "-c"},
+		{"tool", []string{"-tool", "ab", a, b}, "-tool"},
+		{"pid syntax", []string{"-pid", "a", a, b}, "want name=PID"},
+		{"pid target", []string{"-pid", "c=1", a, b}, `-pid: "c" names no target`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runCmd(t, append([]string{"compare"}, tc.args...)...)
+			if code != exitInvalid || !strings.Contains(stderr, tc.want) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", code, stderr, exitInvalid, tc.want)
+			}
+		})
+	}
+	cfg, err := parseCompare([]string{"-pid", "b=42", "-tool", "builtin", "-rounds", "3", a, b}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Targets) != 2 || cfg.Targets[0].Name != "a" || cfg.Targets[1].PID != 42 || cfg.Rounds != 3 || cfg.Tool != loadtest.ToolBuiltin {
+		t.Errorf("config %+v", cfg)
+	}
+}
+
+func TestRunCompare(t *testing.T) {
+	a, hitsA, _ := server(t)
+	b, hitsB, _ := server(t)
+	code, stdout, stderr := runCmd(t, "compare", "-tool", "builtin", "-rounds", "2", "-t", "100ms", "-warmup", "0", "-c", "2",
+		"-pid", "a="+strconv.Itoa(os.Getpid()), "a="+a.URL, "b="+b.URL)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"round 1  a", "round 2  b", "median req/s", "ratio 1.00"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("output has no %q:\n%s", want, stdout)
+		}
+	}
+	if hitsA.Load() == 0 || hitsB.Load() == 0 {
+		t.Errorf("hits %d %d", hitsA.Load(), hitsB.Load())
+	}
+}
+
+func TestGCCompareFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"scenario", []string{"-scenario", "big"}, "-scenario"},
+		{"rounds", []string{"-rounds", "0"}, "-rounds"},
+		{"duration", []string{"-t", "0s"}, "-t"},
+		{"rate", []string{"-rate", "0"}, "-rate"},
+		{"requests", []string{"-n", "0"}, "-n"},
+		{"conns", []string{"-c", "0"}, "-c"},
+		{"setting", []string{"-settings", "off,gogc9000"}, `unknown setting "gogc9000"`},
+		{"setting twice", []string{"-settings", "off,off"}, "given twice"},
+		{"args", []string{"extra"}, "unexpected arguments"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runCmd(t, append([]string{"gc-compare"}, tc.args...)...)
+			if code != exitInvalid || !strings.Contains(stderr, tc.want) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", code, stderr, exitInvalid, tc.want)
+			}
+		})
+	}
+	opts, err := parseGCCompare([]string{"-settings", "gogc400,off", "-scenario", "echo16k", "-access-log=false", "-proxy", "/bin/true"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := opts.cfg
+	if len(c.Settings) != 2 || c.Settings[0].Name != "gogc400" || c.Scenario != "echo16k" || c.AccessLog || c.ProxyPath != "/bin/true" || c.Rounds != 3 {
+		t.Errorf("config %+v", c)
+	}
+}
