@@ -39,6 +39,10 @@ func (p GCPercent) String() string {
 	return strconv.Itoa(int(p))
 }
 
+// MinMemoryLimit is the smallest fixed memory limit accepted: below it the
+// Go runtime would collect nearly all the time.
+const MinMemoryLimit = 16 << 20
+
 // MemoryLimit is a soft memory limit for the Go runtime: a size in bytes,
 // or a ratio of the memory the process may use (its cgroup's limit), or
 // none when both are zero.
@@ -64,8 +68,12 @@ func (m *MemoryLimit) UnmarshalText(text []byte) error {
 		return nil
 	}
 	var b ByteSize
-	if err := b.UnmarshalText([]byte(s)); err != nil || b <= 0 {
-		return fmt.Errorf("invalid memory limit %q (want a size such as 512MiB, a ratio such as 0.9, or none)", s)
+	if err := b.UnmarshalText([]byte(s)); err != nil || b <= 0 || strings.Trim(s, "0123456789") == "" {
+		// A bare number is refused: "1" is more likely a ratio than a byte.
+		return fmt.Errorf("invalid memory limit %q (want a size with a unit such as 512MiB, a ratio such as 0.9, or none)", s)
+	}
+	if b < MinMemoryLimit {
+		return fmt.Errorf("memory limit %q is below the 16MiB floor (the collector would run without pause)", s)
 	}
 	*m = MemoryLimit{Bytes: b}
 	return nil

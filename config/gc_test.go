@@ -22,7 +22,7 @@ func TestGCEnv(t *testing.T) {
 		{"PROXY_GC_PERCENT", "off", func(e Env) bool { return e.GCPercent == GCOff }},
 		{"PROXY_GC_PERCENT", "OFF", func(e Env) bool { return e.GCPercent == GCOff }},
 		{"PROXY_GC_MEMORY_LIMIT", "512MiB", func(e Env) bool { return e.GCMemoryLimit == MemoryLimit{Bytes: 512 << 20} }},
-		{"PROXY_GC_MEMORY_LIMIT", "1073741824", func(e Env) bool { return e.GCMemoryLimit == MemoryLimit{Bytes: 1 << 30} }},
+		{"PROXY_GC_MEMORY_LIMIT", "1GiB", func(e Env) bool { return e.GCMemoryLimit == MemoryLimit{Bytes: 1 << 30} }},
 		{"PROXY_GC_MEMORY_LIMIT", "0.75", func(e Env) bool { return e.GCMemoryLimit == MemoryLimit{Ratio: 0.75} }},
 		{"PROXY_GC_MEMORY_LIMIT", "1.0", func(e Env) bool { return e.GCMemoryLimit == MemoryLimit{Ratio: 1} }},
 		{"PROXY_GC_MEMORY_LIMIT", "none", func(e Env) bool { return e.GCMemoryLimit.None() }},
@@ -45,6 +45,8 @@ func TestGCEnv(t *testing.T) {
 		{"PROXY_GC_MEMORY_LIMIT", "0.0", "ratio"},
 		{"PROXY_GC_MEMORY_LIMIT", "12 parsecs", "invalid memory limit"},
 		{"PROXY_GC_MEMORY_LIMIT", "-1GiB", "invalid memory limit"},
+		{"PROXY_GC_MEMORY_LIMIT", "1073741824", "with a unit"},
+		{"PROXY_GC_MEMORY_LIMIT", "1MiB", "16MiB floor"},
 	}
 	for _, tt := range invalid {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {

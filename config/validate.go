@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"unicode"
 )
@@ -138,6 +139,12 @@ func routePrefixProblem(prefix string) string {
 	case prefix == "/-" || strings.HasPrefix(prefix, "/-/"):
 		// "/-" itself would match "/-/healthz" on a "/" boundary.
 		return `must not be "/-" or start with "/-/", which are reserved for the proxy's own endpoints`
+	case strings.Contains(prefix, "%"):
+		// Routes match the decoded path: an escape could never match.
+		return `must not contain "%": routes match the decoded path`
+	case strings.Contains(prefix, "//") || slices.Contains(strings.Split(prefix, "/"), ".") || slices.Contains(strings.Split(prefix, "/"), ".."):
+		// A backend that cleans paths would see another route's path.
+		return `must not contain empty, "." or ".." segments`
 	}
 	return ""
 }

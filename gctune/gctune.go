@@ -35,6 +35,10 @@ const (
 // noLimit is how the runtime spells "no memory limit".
 const noLimit = math.MaxInt64
 
+// minMemoryLimit is the smallest memory limit accepted: below it the
+// runtime would collect nearly all the time.
+const minMemoryLimit = config.MinMemoryLimit
+
 // State is the GC settings in force and where each came from. It is what
 // GET /-/gc answers.
 type State struct {
@@ -101,11 +105,12 @@ func (t *Tuner) apply(e config.Env, environ map[string]string) error {
 			limit, s.Note = bytes, note
 			s.MemoryLimitSource = sourceOf(environ, "PROXY_GC_MEMORY_LIMIT")
 		}
-		if (percent < 0 || percent > 100) && limit == noLimit && !userGOGC && environ["PROXY_GC_MEMORY_LIMIT"] == "" {
+		if (percent < 0 || percent > 100) && limit == noLimit && s.PercentSource == SourceDefault {
 			// A high GOGC with no limit lets the heap grow with the live
-			// heap times the percentage: refuse to pick that by default.
+			// heap times the percentage: never pick that by default; only
+			// a GOGC or PROXY_GC_PERCENT the user set may do it.
 			percent, s.PercentSource = 100, SourceGoDefault
-			s.Note = "no memory limit could be set, so GOGC stays at Go's default"
+			s.Note = "no memory limit, so GOGC stays at Go's default unless set explicitly"
 		}
 		debug.SetGCPercent(percent)
 		debug.SetMemoryLimit(limit)
@@ -135,6 +140,9 @@ func (t *Tuner) resolve(m config.MemoryLimit) (int64, string, error) {
 			return 0, "", fmt.Errorf("reading the memory available: %w", err)
 		}
 		limit := int64(float64(total) * m.Ratio)
+		if limit < minMemoryLimit {
+			return 0, "", fmt.Errorf("%s of %s is %s, below the %s floor: the collector would run without pause", strconv.FormatFloat(m.Ratio, 'f', -1, 64), humanBytes(int64(total)), humanBytes(limit), humanBytes(minMemoryLimit))
+		}
 		return limit, fmt.Sprintf("memory limit is %s of %s (%s)", strconv.FormatFloat(m.Ratio, 'f', -1, 64), humanBytes(int64(total)), from), nil
 	}
 	return noLimit, "", nil

@@ -60,7 +60,9 @@ func TestApply(t *testing.T) {
 		{"env ratio", map[string]string{"PROXY_GC_MEMORY_LIMIT": "0.5"}, 400, 2 * gib, SourceDefault, SourceEnv},
 		{"user GOGC wins", map[string]string{"GOGC": "150", "PROXY_GC_PERCENT": "800"}, -2, ninety, SourceGOGC, SourceDefault},
 		{"user GOMEMLIMIT wins", map[string]string{"GOMEMLIMIT": "1GiB"}, 400, -2, SourceDefault, SourceGOMEMLIM},
-		{"explicit no limit", map[string]string{"PROXY_GC_MEMORY_LIMIT": "none"}, 400, 0, SourceDefault, SourceEnv},
+		// No limit and no explicit GOGC: a high GOGC is not left unbounded.
+		{"no limit keeps go's GOGC", map[string]string{"PROXY_GC_MEMORY_LIMIT": "none"}, 100, 0, SourceGoDefault, SourceEnv},
+		{"no limit with an explicit GOGC", map[string]string{"PROXY_GC_MEMORY_LIMIT": "none", "PROXY_GC_PERCENT": "400"}, 400, 0, SourceEnv, SourceEnv},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -97,6 +99,14 @@ func TestApply(t *testing.T) {
 				t.Errorf("sources = %q, %q; want %q, %q", s.PercentSource, s.MemoryLimitSource, tt.percentSource, tt.limitSource)
 			}
 		})
+	}
+}
+
+func TestApplyRatioBelowFloor(t *testing.T) {
+	keepRuntime(t)
+	_, err := apply(t, map[string]string{"PROXY_GC_MEMORY_LIMIT": "0.001"}, 4*gib, nil)
+	if err == nil || !strings.Contains(err.Error(), "floor") {
+		t.Fatalf("err = %v, want the floor named", err)
 	}
 }
 

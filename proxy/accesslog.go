@@ -82,10 +82,11 @@ type asyncWriter struct {
 	done    chan struct{}
 	once    sync.Once
 
-	// mu guards cur and lost.
-	mu   sync.Mutex
-	cur  []byte // the buffer being filled; nil while none is free
-	lost int    // lines dropped since the last report
+	// mu guards cur, lost and closed.
+	mu     sync.Mutex
+	cur    []byte // the buffer being filled; nil while none is free
+	lost   int    // lines dropped since the last report
+	closed bool   // Close has begun: lines are dropped
 }
 
 func newAsyncWriter(out io.Writer, dropped func(n int)) *asyncWriter {
@@ -111,6 +112,13 @@ func (w *asyncWriter) Write(p []byte) (int, error) {
 	defer w.mu.Unlock()
 	if w.cur != nil && len(w.cur)+len(p) > cap(w.cur) {
 		w.handOffLocked()
+	}
+	if w.cur == nil && !w.closed {
+		select {
+		case b := <-w.free: // a buffer came back since
+			w.cur = b[:0]
+		default:
+		}
 	}
 	if w.cur == nil || len(p) > accessLogBufferSize {
 		w.lost++
@@ -161,10 +169,11 @@ func (w *asyncWriter) loop() {
 			}
 		case <-w.stop:
 			w.mu.Lock()
+			w.closed = true
 			if w.cur != nil && len(w.cur) > 0 {
 				w.full <- w.cur
-				w.cur = nil
 			}
+			w.cur = nil
 			lost := w.lost
 			w.mu.Unlock()
 			for len(w.full) > 0 { // this goroutine is the only reader

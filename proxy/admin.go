@@ -60,7 +60,7 @@ func decodeJSON(r *http.Request, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("invalid JSON: %w", err)
 	}
-	if dec.More() {
+	if err := dec.Decode(&struct{}{}); err != io.EOF {
 		return errors.New("invalid JSON: more than one value")
 	}
 	return nil
@@ -106,8 +106,12 @@ func (p *Proxy) putGC(w http.ResponseWriter, r *http.Request) {
 func (b gcUpdate) update() (gctune.Update, error) {
 	var u gctune.Update
 	if len(b.Percent) > 0 && string(b.Percent) != "null" {
-		// A number or a string ("off", "400"): both read as text.
-		text := strings.Trim(string(b.Percent), `"`)
+		// A number (400) or a string ("off", "400"): both read as text.
+		text := string(b.Percent)
+		var str string
+		if json.Unmarshal(b.Percent, &str) == nil {
+			text = str
+		}
 		u.Percent = new(config.GCPercent)
 		if err := u.Percent.UnmarshalText([]byte(text)); err != nil {
 			return u, fmt.Errorf("percent: %w", err)

@@ -534,3 +534,36 @@ func TestGracefulShutdownUnderLoad(t *testing.T) {
 		t.Fatalf("%d accepted requests failed during shutdown", failed.Load())
 	}
 }
+
+// TestAbortHandler: a handler that aborts (as httputil.ReverseProxy does
+// when its backend dies mid-body) cuts the client's connection, releases
+// its slot and leaves the proxy serving, with and without a deadline.
+func TestAbortHandler(t *testing.T) {
+	for _, timeout := range []time.Duration{0, 5 * time.Second} {
+		t.Run(fmt.Sprint("timeout=", timeout), func(t *testing.T) {
+			tp := startProxy(t, Options{RequestTimeout: timeout}, testDeployment{app: "a", prefix: "/", maxOngoing: 1, factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Query().Get("abort") != "" {
+					_, _ = io.WriteString(w, "partial")
+					if f, ok := w.(http.Flusher); ok {
+						f.Flush()
+					}
+					panic(http.ErrAbortHandler)
+				}
+				_, _ = io.WriteString(w, "fine")
+			})})
+			for range 3 { // more aborts than the one slot: each released it
+				resp, err := http.Get(tp.url + "/?abort=1")
+				if err == nil {
+					_, err = io.ReadAll(resp.Body)
+					resp.Body.Close()
+				}
+				if err == nil {
+					t.Fatal("an aborted response read as complete")
+				}
+			}
+			if resp, b := get(t, tp.url+"/"); resp.StatusCode != 200 || b != "fine" {
+				t.Fatalf("after aborts: %d %q", resp.StatusCode, b)
+			}
+		})
+	}
+}

@@ -87,6 +87,7 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request) result {
 	rt := p.table.Match(r.URL.Path)
 	if rt == nil {
 		sw.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		sw.Header().Set("X-Content-Type-Options", "nosniff")
 		sw.WriteHeader(http.StatusNotFound)
 		fmt.Fprintf(sw, "Path '%s' not found. Ping http://%s/-/routes for the available routes.\n", r.URL.Path, r.Host)
 		return result{status: http.StatusNotFound}
@@ -123,8 +124,8 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request) result {
 		res.err = h.Serve(sw, r)
 		release()
 	}
-	res.abort = res.err != nil && sw.wroteHeader
-	res.status = p.finish(sw, r, res.err)
+	res.abort = res.err != nil && (sw.wroteHeader || errors.Is(res.err, http.ErrAbortHandler))
+	res.status = p.finish(sw, r, res.err, res.abort)
 	return res
 }
 
@@ -145,15 +146,20 @@ func (p *Proxy) serveWithDeadline(ctx context.Context, h replica.Handle, release
 		return err
 	case <-ctx.Done():
 	}
+	dw.close()
+	select {
+	case err := <-done:
+		return err // it finished just as the deadline passed
+	default:
+	}
 	// If the response had begun, it is too late for a status: route sees
 	// that and aborts the connection.
-	dw.close()
 	return ctx.Err()
 }
 
 // finish decides a served request's status, answering for the replica when
 // it failed before writing anything.
-func (p *Proxy) finish(sw *statusWriter, r *http.Request, err error) int {
+func (p *Proxy) finish(sw *statusWriter, r *http.Request, err error, abort bool) int {
 	if err != nil {
 		status := statusOf(err)
 		var pe *replica.PanicError
@@ -161,14 +167,17 @@ func (p *Proxy) finish(sw *statusWriter, r *http.Request, err error) int {
 			p.opts.Log.Error().Str("panic", fmt.Sprint(pe.Value)).Bytes("stack", pe.Stack).
 				Str("path", r.URL.Path).Msg("handler panicked; answered 500")
 		}
-		if !sw.wroteHeader {
+		if !sw.wroteHeader && !abort {
 			writeError(sw, status, errorMessage(status, err))
 		}
 		return status
 	}
-	if !sw.wroteHeader && r.Context().Err() != nil {
-		// The client left, and the handler gave up on it.
-		return statusOf(r.Context().Err())
+	if ctxErr := r.Context().Err(); !sw.wroteHeader && ctxErr != nil {
+		// The handler gave up on a request whose client left (499: nothing
+		// is written) or whose deadline passed (408).
+		status := statusOf(ctxErr)
+		writeError(sw, status, errorMessage(status, ctxErr))
+		return status
 	}
 	if !sw.wroteHeader {
 		return http.StatusOK // net/http sends an empty 200

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	stdlog "log"
 	"net"
 	"net/http"
@@ -17,6 +18,9 @@ type ServerOptions struct {
 	KeepAliveTimeout time.Duration
 	// MaxHeaderBytes bounds a request's headers (431 past it).
 	MaxHeaderBytes int
+	// OnShutdown, if not nil, is called when the graceful shutdown begins
+	// (the binary uses it to let a second signal kill the process).
+	OnShutdown func()
 }
 
 // Serve starts the proxy's deployments, serves the public handler on public
@@ -57,6 +61,9 @@ func (p *Proxy) Serve(ctx context.Context, public, admin net.Listener, so Server
 	case serveErr = <-errc:
 		p.opts.Log.Error().Err(serveErr).Msg("a listener failed; shutting down")
 	}
+	if so.OnShutdown != nil {
+		so.OnShutdown()
+	}
 
 	p.SetDraining()
 	grace := p.GracefulShutdownTimeout()
@@ -66,7 +73,7 @@ func (p *Proxy) Serve(ctx context.Context, public, admin net.Listener, so Server
 	var errs []error
 	if err := pub.Shutdown(sctx); err != nil {
 		p.opts.Log.Warn().Err(err).Msg("requests still running at the graceful shutdown timeout; closing their connections")
-		errs = append(errs, pub.Close())
+		errs = append(errs, fmt.Errorf("graceful shutdown: %w", err), pub.Close())
 	}
 	if err := p.Stop(sctx); err != nil {
 		errs = append(errs, err)
@@ -75,7 +82,7 @@ func (p *Proxy) Serve(ctx context.Context, public, admin net.Listener, so Server
 		actx, acancel := context.WithTimeout(context.Background(), time.Second)
 		defer acancel()
 		if err := adm.Shutdown(actx); err != nil {
-			errs = append(errs, adm.Close())
+			errs = append(errs, fmt.Errorf("admin shutdown: %w", err), adm.Close())
 		}
 	}
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {

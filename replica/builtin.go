@@ -67,8 +67,8 @@ func (s *Static) Reconfigure(_ context.Context, userConfig json.RawMessage) erro
 		return fmt.Errorf("static: user_config: status must be 100..999, got %d", cfg.Status)
 	}
 	s.resp.Store(&staticResponse{
-		body:          []byte(cfg.Body),
-		status:        cfg.Status,
+		body:        []byte(cfg.Body),
+		status:      cfg.Status,
 		contentType: []string{cfg.ContentType},
 	})
 	return nil

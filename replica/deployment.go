@@ -48,11 +48,16 @@ type Deployment struct {
 	spec  DeploymentSpec
 	hooks Hooks
 
-	// mu guards replicas and failures.
+	// mu guards replicas, retired, failures and checking.
 	mu       sync.Mutex
-	replicas []*Local
-	failures map[*Local]int
+	replicas []*Local        // in routing order; the running ones take requests
+	retired  []*Local        // taken out of routing, finishing their requests
+	failures map[*Local]int  // consecutive failed health checks
+	checking map[*Local]bool // a health check is running
 
+	// ctx ends when Stop begins; it stops the health loop and cuts short
+	// the background drains of retired replicas (Stop drains them itself).
+	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -60,7 +65,8 @@ type Deployment struct {
 // NewDeployment builds spec.NumReplicas replicas, each with its own Handler
 // from spec.Factory. They take requests once Start is called.
 func NewDeployment(spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
-	d := &Deployment{spec: spec, hooks: hooks, failures: make(map[*Local]int)}
+	d := &Deployment{spec: spec, hooks: hooks, failures: make(map[*Local]int), checking: make(map[*Local]bool)}
+	d.ctx, d.cancel = context.WithCancel(context.Background())
 	for range spec.NumReplicas {
 		l, err := d.newReplica()
 		if err != nil {
@@ -71,7 +77,14 @@ func NewDeployment(spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
 	return d, nil
 }
 
-func (d *Deployment) newReplica() (*Local, error) {
+// newReplica builds a replica with the user's factory; a panic in the
+// factory is an error, not a crash.
+func (d *Deployment) newReplica() (l *Local, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("application %q deployment %q: handler factory panicked: %v", d.spec.App, d.spec.Name, v)
+		}
+	}()
 	h, err := d.spec.Factory(d.spec.UserConfig)
 	if err != nil {
 		return nil, fmt.Errorf("application %q deployment %q: %w", d.spec.App, d.spec.Name, err)
@@ -107,11 +120,9 @@ func (d *Deployment) Start() {
 	}
 	d.publishLocked()
 	d.mu.Unlock()
-	ctx, cancel := context.WithCancel(context.Background())
-	d.cancel = cancel
 	if d.spec.HealthCheckPeriod > 0 {
 		d.wg.Add(1)
-		go d.healthLoop(ctx)
+		go d.healthLoop(d.ctx)
 	}
 }
 
@@ -161,16 +172,15 @@ func (d *Deployment) publishLocked() {
 // waits, up to ctx's deadline, for their requests to finish. It returns
 // ctx's error if requests were still running then.
 func (d *Deployment) Stop(ctx context.Context) error {
-	if d.cancel != nil {
-		d.cancel()
-	}
-	d.wg.Wait()
+	d.cancel()
+	d.wg.Wait() // the health loop and background drains end at once
 	d.mu.Lock()
-	replicas := d.replicas
-	for _, l := range replicas {
+	for _, l := range d.replicas {
 		l.SetState(StateDraining)
 	}
 	d.publishLocked()
+	replicas := append(append([]*Local(nil), d.replicas...), d.retired...)
+	d.retired = nil
 	d.mu.Unlock()
 	var err error
 	for _, l := range replicas {

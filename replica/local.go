@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"fmt"
 	"net/http"
 	"runtime/debug"
 	"sync/atomic"
@@ -99,29 +100,45 @@ func (l *Local) TryAcquire() (func(), bool) {
 			return nil, false
 		}
 		if l.ongoing.CompareAndSwap(n, n+1) {
-			for p := l.peak.Load(); n+1 > p && !l.peak.CompareAndSwap(p, n+1); p = l.peak.Load() {
-			}
-			return l.release, true
+			break
 		}
 	}
+	// Check the state again now that the slot is held: a drain that began
+	// in between has seen the slot (waitIdle) or will, so the request
+	// either runs before the replica stops or is refused.
+	if State(l.state.Load()) != StateRunning {
+		l.ongoing.Add(-1) // not releaseSlot: the caller may hold the scheduler's lock
+		return nil, false
+	}
+	n := l.ongoing.Load()
+	for p := l.peak.Load(); n > p && !l.peak.CompareAndSwap(p, n); p = l.peak.Load() {
+	}
+	return l.release, true
 }
 
 func (l *Local) releaseSlot() {
-	l.ongoing.Add(-1)
+	if l.ongoing.Add(-1) < 0 {
+		panic("replica: a slot was released twice")
+	}
 	if l.onRelease != nil {
 		l.onRelease()
 	}
 }
 
-// Serve implements Handle: it runs the handler, turning a panic into a
-// *PanicError so that one bad request costs a 500, not the process.
-// http.ErrAbortHandler is re-raised: it is net/http's way to abort a response.
+// Serve implements Handle: it runs the handler, turning a panic into an
+// error so that one bad request costs a 500, not the process, and the
+// caller always gets to release the slot. A panic with
+// http.ErrAbortHandler (net/http's way to abort a response, as
+// httputil.ReverseProxy does when a backend dies mid-body) is returned
+// wrapped, for the caller to abort the connection; any other is a
+// *PanicError.
 func (l *Local) Serve(w http.ResponseWriter, r *http.Request) (err error) {
 	l.served.Add(1)
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler {
-				panic(v)
+				err = fmt.Errorf("replica %s: handler aborted the response: %w", l.id, http.ErrAbortHandler)
+				return
 			}
 			err = &PanicError{Value: v, Stack: debug.Stack()}
 		}

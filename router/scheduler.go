@@ -42,21 +42,20 @@ type Scheduler struct {
 	// increments pending and then looks for a slot: whichever runs second
 	// sees the other, so no freed slot is missed (see Notify).
 	pending atomic.Int64
-	queued  atomic.Int64 // len of the live queue, for metrics
+	queued  atomic.Int64 // the queue's length, for metrics
 
-	// mu guards queue, head and live.
-	mu    sync.Mutex
-	queue []*waiter // FIFO from head; cancelled waiters are skipped
-	head  int
-	live  int // waiters in queue that are not cancelled
+	// mu guards the queue: a doubly linked list of waiters, oldest first,
+	// so that a waiter that gives up leaves it at once.
+	mu         sync.Mutex
+	head, tail *waiter
+	live       int
 }
 
 // waiter is a request parked until a slot is handed to it.
 type waiter struct {
-	grant chan grant // buffered 1
-	// queued and cancelled are guarded by Scheduler.mu.
-	queued    bool // in the queue, not yet popped
-	cancelled bool // its owner gave up; popLocked skips it
+	grant      chan grant // buffered 1
+	prev, next *waiter    // guarded by Scheduler.mu
+	queued     bool       // in the queue; guarded by Scheduler.mu
 }
 
 type grant struct {
@@ -167,10 +166,7 @@ func (s *Scheduler) acquireSlow(ctx context.Context) (replica.Handle, func(), er
 		return nil, nil, err
 	}
 	w := waiterPool.Get().(*waiter)
-	w.queued, w.cancelled = true, false
-	s.queue = append(s.queue, w)
-	s.live++
-	s.queued.Store(int64(s.live))
+	s.pushLocked(w)
 	s.mu.Unlock()
 
 	select {
@@ -181,12 +177,9 @@ func (s *Scheduler) acquireSlow(ctx context.Context) (replica.Handle, func(), er
 	}
 	s.mu.Lock()
 	if w.queued {
-		// Still queued: leave it for popLocked to skip and recycle.
-		w.cancelled = true
-		s.live--
-		s.pending.Add(-1)
-		s.queued.Store(int64(s.live))
+		s.removeLocked(w)
 		s.mu.Unlock()
+		waiterPool.Put(w)
 		return nil, nil, ctx.Err()
 	}
 	s.mu.Unlock()
@@ -199,27 +192,45 @@ func (s *Scheduler) acquireSlow(ctx context.Context) (replica.Handle, func(), er
 	return nil, nil, ctx.Err()
 }
 
-// popLocked removes and returns the oldest live waiter, or nil.
-func (s *Scheduler) popLocked() *waiter {
-	for s.head < len(s.queue) {
-		w := s.queue[s.head]
-		s.queue[s.head] = nil
-		s.head++
-		if s.head == len(s.queue) {
-			s.queue, s.head = s.queue[:0], 0
-		}
-		w.queued = false
-		if w.cancelled {
-			// Its owner has returned and will never read it: recycle.
-			waiterPool.Put(w)
-			continue
-		}
-		s.live--
-		s.pending.Add(-1)
-		s.queued.Store(int64(s.live))
-		return w
+// pushLocked queues w as the newest waiter. Its pending count was taken
+// by the caller.
+func (s *Scheduler) pushLocked(w *waiter) {
+	w.prev, w.next, w.queued = s.tail, nil, true
+	if s.tail != nil {
+		s.tail.next = w
+	} else {
+		s.head = w
 	}
-	return nil
+	s.tail = w
+	s.live++
+	s.queued.Store(int64(s.live))
+}
+
+// removeLocked takes w out of the queue and drops its pending count.
+func (s *Scheduler) removeLocked(w *waiter) {
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		s.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		s.tail = w.prev
+	}
+	w.prev, w.next, w.queued = nil, nil, false
+	s.live--
+	s.pending.Add(-1)
+	s.queued.Store(int64(s.live))
+}
+
+// popLocked removes and returns the oldest waiter, or nil.
+func (s *Scheduler) popLocked() *waiter {
+	w := s.head
+	if w != nil {
+		s.removeLocked(w)
+	}
+	return w
 }
 
 // Notify is called after a replica frees a slot. With nobody waiting it

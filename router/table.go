@@ -23,6 +23,7 @@ type Route struct {
 type Table struct {
 	routes   []*Route
 	byPrefix map[string]*Route
+	maxLen   int // the longest prefix: no longer part of a path can match
 }
 
 // NewTable builds a table. Prefixes must be well formed and unique.
@@ -38,6 +39,7 @@ func NewTable(routes []Route) (*Table, error) {
 		}
 		t.byPrefix[r.Prefix] = r
 		t.routes = append(t.routes, r)
+		t.maxLen = max(t.maxLen, len(r.Prefix))
 	}
 	return t, nil
 }
@@ -53,10 +55,19 @@ func checkPrefix(p string) error {
 }
 
 // Match returns the route for path, or nil when none matches. It walks up
-// the path one segment at a time, so its cost is the path's depth, not the
+// the path one segment at a time, starting no deeper than the longest
+// prefix, so its cost is bounded by the routes' depth, not the path's or the
 // number of routes, and it allocates nothing.
 func (t *Table) Match(path string) *Route {
 	p := path
+	if len(p) > t.maxLen {
+		// Only a cut at a "/" within the first maxLen+1 bytes can match.
+		if i := strings.LastIndexByte(p[:t.maxLen+1], '/'); i > 0 {
+			p = p[:i]
+		} else {
+			p = "/"
+		}
+	}
 	for len(p) > 1 {
 		if r, ok := t.byPrefix[p]; ok {
 			return r

@@ -1,6 +1,9 @@
 package router
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestTableMatch(t *testing.T) {
 	table, err := NewTable([]Route{
@@ -93,4 +96,20 @@ func FuzzTableMatch(f *testing.F) {
 			t.Fatalf("Match(%q) = %q: not a prefix on a / boundary", path, r.Prefix)
 		}
 	})
+}
+
+// TestTableMatchLongPath checks a path far longer than any prefix: the
+// match starts at the longest prefix's depth, whatever the path's length.
+func TestTableMatchLongPath(t *testing.T) {
+	table, _ := NewTable([]Route{{Prefix: "/", Application: "root"}, {Prefix: "/a", Application: "a"}, {Prefix: "/a/bb", Application: "ab"}})
+	for path, want := range map[string]string{
+		"/a/" + strings.Repeat("x/", 1<<19):  "a",
+		"/a/bb/" + strings.Repeat("y", 1<<20): "ab",
+		"/a/bbb" + strings.Repeat("y", 1<<20): "a",
+		"/" + strings.Repeat("z", 1<<20):      "root",
+	} {
+		if r := table.Match(path); r == nil || r.Application != want {
+			t.Errorf("Match(%.12q...) = %v, want %q", path, r, want)
+		}
+	}
 }

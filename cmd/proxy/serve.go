@@ -52,7 +52,7 @@ func httpAddr(cfg *config.Config) string {
 }
 
 // serve runs the proxy until ctx is done.
-func serve(ctx context.Context, cfg *config.Config, e config.Env, reg *replica.Registry, gc *gctune.Tuner, log zerolog.Logger, stderr io.Writer) error {
+func serve(ctx context.Context, stopSignals func(), cfg *config.Config, e config.Env, reg *replica.Registry, gc *gctune.Tuner, log zerolog.Logger, stderr io.Writer) error {
 	apps, err := build(cfg, reg, log)
 	if err != nil {
 		return err
@@ -87,5 +87,7 @@ func serve(ctx context.Context, cfg *config.Config, e config.Env, reg *replica.R
 		ReadHeaderTimeout: e.ReadHeaderTimeout,
 		KeepAliveTimeout:  cfg.HTTPOptions.KeepAliveTimeout(),
 		MaxHeaderBytes:    int(e.MaxHeaderBytes),
+		// A second SIGTERM or SIGINT during the grace period kills at once.
+		OnShutdown: stopSignals,
 	})
 }
