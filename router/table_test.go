@@ -103,7 +103,7 @@ func FuzzTableMatch(f *testing.F) {
 func TestTableMatchLongPath(t *testing.T) {
 	table, _ := NewTable([]Route{{Prefix: "/", Application: "root"}, {Prefix: "/a", Application: "a"}, {Prefix: "/a/bb", Application: "ab"}})
 	for path, want := range map[string]string{
-		"/a/" + strings.Repeat("x/", 1<<19):  "a",
+		"/a/" + strings.Repeat("x/", 1<<19):   "a",
 		"/a/bb/" + strings.Repeat("y", 1<<20): "ab",
 		"/a/bbb" + strings.Repeat("y", 1<<20): "a",
 		"/" + strings.Repeat("z", 1<<20):      "root",
