@@ -88,3 +88,17 @@ func TestStampCache(t *testing.T) {
 		t.Fatalf("next millisecond: %q", got)
 	}
 }
+
+func TestAppendMillis(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0:                                  "0.000",
+		12949 * time.Nanosecond:            "0.012",
+		1500 * time.Microsecond:            "1.500",
+		2*time.Second + 3*time.Microsecond: "2000.003",
+		-1500 * time.Microsecond:           "-1.500",
+	} {
+		if got := string(appendMillis(nil, d)); got != want {
+			t.Errorf("appendMillis(%v) = %s, want %s", d, got, want)
+		}
+	}
+}
