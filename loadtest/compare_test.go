@@ -3,6 +3,7 @@ package loadtest
 import (
 	"bytes"
 	"context"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -61,7 +62,39 @@ func TestParseWrk(t *testing.T) {
 				t.Errorf("p%v = %v, want %v", q, got, d)
 			}
 		}
+		// No done hook: no p99.9 (unknown, not 0), max from the thread
+		// stats row.
+		if d, ok := w.Latency[99.9]; ok || len(w.Latency) != 4 {
+			t.Errorf("p99.9 = %v, %v; want none", d, ok)
+		}
+		if w.Mean.Round(time.Microsecond) != 870*time.Microsecond || w.Max.Round(time.Microsecond) != 9820*time.Microsecond {
+			t.Errorf("mean %v, max %v; want 0.87ms, 9.82ms", w.Mean, w.Max)
+		}
 	})
+	// Captured from wrk 4.1.0 -s WrkScript(...) against the proxy: the
+	// hook's line gives p99.9 and the exact max, over the thread stats'.
+	for _, tc := range []struct {
+		file           string
+		rps            float64
+		p50, p99, p999 time.Duration
+		max, mean      time.Duration
+		requests       int64
+	}{
+		{"testdata/wrk-gc-seed.txt", 30139.99, 2350 * time.Microsecond, 10860 * time.Microsecond, 16340 * time.Microsecond,
+			22999 * time.Microsecond, 2850 * time.Microsecond, 30542},
+		{"testdata/wrk-gc-echo16k.txt", 7503.38, 12180 * time.Microsecond, 86190 * time.Microsecond, 121621 * time.Microsecond,
+			139690 * time.Microsecond, 16820 * time.Microsecond, 7526},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			w := parseWrkFile(t, tc.file)
+			r := func(d time.Duration) time.Duration { return d.Round(time.Microsecond) }
+			if w.RequestsPerSec != tc.rps || w.Requests != tc.requests || w.Errors() != 0 ||
+				r(w.Latency[50]) != tc.p50 || r(w.Latency[99]) != tc.p99 || r(w.Latency[99.9]) != tc.p999 ||
+				r(w.Max) != tc.max || r(w.Mean) != tc.mean {
+				t.Errorf("got %+v", w)
+			}
+		})
+	}
 	t.Run("errors", func(t *testing.T) {
 		// A sample in wrk's format with every error line (made by hand:
 		// wrk prints them only when they are non-zero).
@@ -77,6 +110,41 @@ func TestParseWrk(t *testing.T) {
 	}
 	if _, err := ParseWrk(strings.NewReader("  Latency Distribution\n     50%  12.3xs\n")); err == nil {
 		t.Error("a bad latency unit parsed")
+	}
+	rest := "  10 requests in 1.00s, 1KB read\nRequests/sec: 10.00\n"
+	for _, hook := range []string{"p99.9", "p99.9 12x", "p99.9 -1", "p200 5", "px 5", "max 1e20"} {
+		if _, err := ParseWrk(strings.NewReader(rest + wrkHookPrefix + " " + hook + "\n")); err == nil {
+			t.Errorf("hook line %q parsed", hook)
+		}
+	}
+	w, err := ParseWrk(strings.NewReader(rest + wrkHookPrefix + " p99.9 1500 p99.99 2000.4 max 3000 later 7\n"))
+	if err != nil || w.Latency[99.9] != 1500*time.Microsecond || w.Latency[99.99] != 2000400*time.Nanosecond || w.Max != 3*time.Millisecond {
+		t.Errorf("hook line: %+v, %v", w, err)
+	}
+}
+
+func TestWrkScript(t *testing.T) {
+	// Nothing to send but wrk's own GET: the hook alone.
+	if got, want := WrkScript(Config{Method: "GET"}), "-- Written by loadtest for wrk -s.\n"+WrkDoneHook; got != want {
+		t.Errorf("WrkScript(GET) = %q, want %q", got, want)
+	}
+	h := http.Header{}
+	h.Set("content-type", "text/plain")
+	h.Add("X-List", "a")
+	h.Add("X-List", `"b"`)
+	got := WrkScript(Config{Method: "POST", Header: h, Body: []byte("a\"b\\c\n1\xff")})
+	want := "-- Written by loadtest for wrk -s.\n" +
+		`wrk.method = "POST"` + "\n" +
+		`wrk.headers["Content-Type"] = "text/plain"` + "\n" +
+		`wrk.headers["X-List"] = "a, \"b\""` + "\n" +
+		// \010 then the digit 1: three-digit escapes cannot swallow it.
+		`wrk.body = "a\"b\\c\0101\255"` + "\n" + WrkDoneHook
+	if got != want {
+		t.Errorf("WrkScript:\n%s\nwant:\n%s", got, want)
+	}
+	// The echo16k body is printable: written as itself.
+	if s := WrkScript(Config{Body: echoBody(16 << 10)}); !strings.Contains(s, `wrk.body = "abcdefghijklmnopqrstuvwxyz0123456789abc`) || len(s) < 16<<10 {
+		t.Errorf("echo16k script: %.200q", s)
 	}
 }
 
@@ -96,7 +164,7 @@ func parseWrkFile(t *testing.T, path string) WrkResult {
 }
 
 func FuzzParseWrk(f *testing.F) {
-	for _, file := range []string{"testdata/wrk.txt", "testdata/wrk-errors.txt"} {
+	for _, file := range []string{"testdata/wrk.txt", "testdata/wrk-errors.txt", "testdata/wrk-gc-seed.txt", "testdata/wrk-gc-echo16k.txt"} {
 		b, err := os.ReadFile(file)
 		if err != nil {
 			f.Fatal(err)
@@ -149,6 +217,13 @@ func TestParseMetric(t *testing.T) {
 	}
 	if _, err := ParseMetric(strings.NewReader(text), "go_goroutines"); err == nil {
 		t.Error("a missing metric parsed")
+	}
+	m, err := ParseMetrics(strings.NewReader(text+"go_goroutines 7\ngo_goroutines 9\n"), "go_goroutines", "go_gc_duration_seconds_sum")
+	if err != nil || len(m) != 2 || m["go_goroutines"] != 7 || m["go_gc_duration_seconds_sum"] != 0.01 {
+		t.Errorf("ParseMetrics = %v, %v; want the first of each", m, err)
+	}
+	if _, err := ParseMetrics(strings.NewReader("go_goroutines lots\n"), "go_goroutines"); err == nil {
+		t.Error("a metric that is not a number parsed")
 	}
 }
 

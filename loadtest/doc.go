@@ -12,6 +12,9 @@
 // Compare runs the same load against several targets side by side, the order
 // rotated each round, and reports medians; GCCompare starts the proxy binary
 // under several GC settings and reports throughput, latency, GC cycles and
-// peak memory for each. Load only ever goes to loopback addresses unless a
-// caller says otherwise (Config.AllowRemote).
+// peak memory for each, its closed loops driven by wrk (RunWrk) or by Run;
+// Soak holds the proxy under a steady open loop for minutes, sampling its
+// memory and goroutines, and says whether they stayed flat. Load only ever
+// goes to loopback addresses unless a caller says otherwise
+// (Config.AllowRemote).
 package loadtest

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -47,12 +48,13 @@ func DefaultGCSettings() []GCSetting {
 // The scenarios GCCompare knows.
 const (
 	// ScenarioSeed is the proxy with no config (its built-in app answering
-	// "hi"): a closed loop of Requests at Concurrency, then an open loop
-	// at Rate for Duration.
+	// "hi"): a closed loop at Concurrency (Requests of them with
+	// ToolBuiltin, ClosedDuration long with ToolWrk), then the builtin
+	// open loop at Rate for Duration.
 	ScenarioSeed = "seed"
 	// ScenarioEcho16k is one app at / whose deployment is 16 replicas of
 	// the echo handler (max_ongoing_requests 100), loaded with 16 KiB POST
-	// bodies in a closed loop at Concurrency for Duration.
+	// bodies in a closed loop (of Tool) at Concurrency for Duration.
 	ScenarioEcho16k = "echo16k"
 )
 
@@ -70,6 +72,9 @@ applications:
 
 // DefaultGCWarmupRequests is GCCompareConfig.WarmupRequests when 0.
 const DefaultGCWarmupRequests = 2000
+
+// DefaultGCClosedDuration is GCCompareConfig.ClosedDuration when 0.
+const DefaultGCClosedDuration = 10 * time.Second
 
 // GCCompareConfig is a GC comparison: the proxy binary started afresh for
 // every setting in every round, on ephemeral loopback ports, and loaded
@@ -89,14 +94,31 @@ type GCCompareConfig struct {
 	Duration time.Duration
 	// Rate is the seed open loop's requests/s. If 0, 5000 is used.
 	Rate float64
-	// Requests is the seed closed loop's request count. If 0, 10000.
+	// Tool drives the closed loops (the open loop is always the builtin
+	// one: wrk has none). With ToolWrk, `wrk -t1 -cC -dD --latency -s
+	// SCRIPT` where the script sends the scenario's request and prints
+	// wrk's p99.9 and exact max (WrkScript). If empty, ToolBuiltin is
+	// used, unlike Compare: the zero config needs no program besides the
+	// proxy. Prefer ToolWrk where it is installed: on a small machine the
+	// builtin generator saturates (near 40k req/s on two cores) before the
+	// proxy does, and then every setting measures the generator.
+	Tool Tool
+	// WrkPath is the wrk binary for ToolWrk. If empty, PATH is searched.
+	WrkPath string
+	// Requests is the seed closed loop's request count with ToolBuiltin.
+	// If 0, 10000.
 	Requests int64
-	// Concurrency is the closed loops' workers. If 0, 100 is used.
+	// ClosedDuration is the seed closed loop's length with ToolWrk, which
+	// has no request count (wrk rounds it up to whole seconds). If 0,
+	// DefaultGCClosedDuration.
+	ClosedDuration time.Duration
+	// Concurrency is the closed loops' workers (wrk's connections). If 0,
+	// 100 is used.
 	Concurrency int
-	// WarmupRequests are sent (closed loop, like the first phase) before
-	// each run's phases, whose numbers should not include the first
-	// connections and the heap's first growth. If 0,
-	// DefaultGCWarmupRequests; if < 0, none.
+	// WarmupRequests are sent by the builtin closed loop (the first
+	// phase's request, at Concurrency) before each run's phases, whose
+	// numbers should not include the first connections and the heap's
+	// first growth. If 0, DefaultGCWarmupRequests; if < 0, none.
 	WarmupRequests int64
 	// AccessLog sets PROXY_ACCESS_LOG.
 	AccessLog bool
@@ -119,10 +141,13 @@ type GCRow struct {
 	Setting string
 	Phase   string
 	Round   int
-	// RequestsPerSec, P50, P99, P999 and Max are the load's numbers.
+	// RequestsPerSec, P50, P99, P999 and Max are the load's numbers; a
+	// latency of 0 is unknown (wrk without WrkDoneHook prints no p99.9),
+	// shown as "-".
 	RequestsPerSec      float64
 	P50, P99, P999, Max time.Duration
-	// Errors counts failed and non-2xx requests.
+	// Errors counts failed and non-2xx requests (wrk: socket errors and
+	// non-2xx/3xx responses).
 	Errors int64
 	// GCCycles is the delta of the proxy's go_gc_duration_seconds_count.
 	GCCycles float64
@@ -138,6 +163,10 @@ type GCCompareResult struct {
 	Medians []GCRow
 	// Settings are the settings compared.
 	Settings []GCSetting
+	// Load says what generated each phase's load, a line per phase
+	// ("closed: wrk -t1 -c100 -d10s ..."), so the table says what it
+	// measured.
+	Load []string
 }
 
 // withDefaults returns c with zero fields replaced by their defaults.
@@ -157,8 +186,14 @@ func (c GCCompareConfig) withDefaults() GCCompareConfig {
 	if c.Rate == 0 {
 		c.Rate = 5000
 	}
+	if c.Tool == "" {
+		c.Tool = ToolBuiltin
+	}
 	if c.Requests == 0 {
 		c.Requests = 10000
+	}
+	if c.ClosedDuration == 0 {
+		c.ClosedDuration = DefaultGCClosedDuration
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = 100
@@ -200,8 +235,21 @@ func (c GCCompareConfig) Validate() error {
 		return fmt.Errorf("Rate: must be > 0, got %g", c.Rate)
 	case c.Requests < 0:
 		return fmt.Errorf("Requests: must be >= 1, got %d", c.Requests)
+	case c.ClosedDuration < 0:
+		return fmt.Errorf("ClosedDuration: must be > 0, got %v", c.ClosedDuration)
+	case c.Tool != "" && c.Tool != ToolWrk && c.Tool != ToolBuiltin:
+		return fmt.Errorf("Tool: want %q or %q, got %q", ToolWrk, ToolBuiltin, c.Tool)
 	case c.Concurrency < 0:
 		return fmt.Errorf("Concurrency: must be >= 1, got %d", c.Concurrency)
+	}
+	if c.Tool == ToolWrk {
+		path := c.WrkPath
+		if path == "" {
+			path = "wrk"
+		}
+		if _, err := exec.LookPath(path); err != nil {
+			return fmt.Errorf("WrkPath: %w (or use ToolBuiltin)", err)
+		}
 	}
 	return nil
 }
@@ -209,24 +257,57 @@ func (c GCCompareConfig) Validate() error {
 // gcPhase is one load of a scenario, its URL filled in per run.
 type gcPhase struct {
 	name string
+	// load is the phase's request and shape for the builtin generator;
+	// with wrk set, its request, Duration and Concurrency are wrk's. It is
+	// also the warmup's template.
 	load Config
+	wrk  bool
+	// script is wrk's -s file (the request and WrkDoneHook), written by
+	// GCCompare before the first run.
+	script string
 }
 
-// phases returns the scenario's loads.
+// phases returns the scenario's loads (c with its defaults).
 func (c GCCompareConfig) phases() []gcPhase {
+	wrk := c.Tool == ToolWrk
 	switch c.Scenario {
 	case ScenarioEcho16k:
 		h := http.Header{}
 		h.Set("Content-Type", "application/octet-stream")
-		return []gcPhase{{"closed", Config{
+		return []gcPhase{{name: "closed", wrk: wrk, load: Config{
 			Method: http.MethodPost, Header: h, Body: echoBody(16 << 10),
 			Duration: c.Duration, Concurrency: c.Concurrency,
 		}}}
 	default:
-		return []gcPhase{
-			{"closed", Config{Requests: c.Requests, Concurrency: c.Concurrency}},
-			{"open", Config{Rate: c.Rate, Duration: c.Duration}},
+		closed := Config{Requests: c.Requests, Concurrency: c.Concurrency}
+		if wrk {
+			closed = Config{Duration: c.ClosedDuration, Concurrency: c.Concurrency}
 		}
+		return []gcPhase{
+			{name: "closed", wrk: wrk, load: closed},
+			{name: "open", load: Config{Rate: c.Rate, Duration: c.Duration}},
+		}
+	}
+}
+
+// describe says what generates ph's load, for GCCompareResult.Load.
+func (ph gcPhase) describe() string {
+	l := ph.load
+	var req string
+	if l.Body != nil {
+		req = fmt.Sprintf(", %s of %d-byte bodies", l.Method, len(l.Body))
+	}
+	switch {
+	case ph.wrk:
+		sec := max(1, int64((l.Duration+time.Second-1)/time.Second))
+		return fmt.Sprintf("%s: wrk -t1 -c%d -d%ds --latency -s SCRIPT%s (p50, p99 from wrk's distribution; p99.9, max from its histogram via a Lua done hook)",
+			ph.name, l.Concurrency, sec, req)
+	case l.Rate > 0:
+		return fmt.Sprintf("%s: builtin open loop at %g req/s for %v%s (latency from each request's intended send time)", ph.name, l.Rate, l.Duration, req)
+	case l.Requests > 0:
+		return fmt.Sprintf("%s: builtin closed loop, %d requests at -c %d%s", ph.name, l.Requests, l.Concurrency, req)
+	default:
+		return fmt.Sprintf("%s: builtin closed loop for %v at -c %d%s", ph.name, l.Duration, l.Concurrency, req)
 	}
 }
 
@@ -269,14 +350,31 @@ func GCCompare(ctx context.Context, cfg GCCompareConfig) (*GCCompareResult, erro
 		vars["PROXY_CONFIG"] = path
 	}
 
+	phases := cfg.phases()
+	for i := range phases {
+		if !phases[i].wrk {
+			continue
+		}
+		phases[i].script = filepath.Join(cfg.Dir, fmt.Sprintf("wrk-%s-%s.lua", cfg.Scenario, phases[i].name))
+		if err := os.WriteFile(phases[i].script, []byte(WrkScript(phases[i].load)), 0o600); err != nil {
+			return nil, err
+		}
+	}
+
 	res := &GCCompareResult{Settings: cfg.Settings}
+	if cfg.WarmupRequests > 0 {
+		res.Load = append(res.Load, fmt.Sprintf("warmup: builtin closed loop, %d requests at -c %d before each run, not counted", cfg.WarmupRequests, cfg.Concurrency))
+	}
+	for _, ph := range phases {
+		res.Load = append(res.Load, ph.describe())
+	}
 	defer func() { res.Medians = GCMedians(cfg.Settings, res.Runs) }()
 	for r := range cfg.Rounds {
 		for _, s := range RotateLeft(cfg.Settings, r) {
 			env := maps.Clone(vars)
 			maps.Copy(env, s.Env)
 			logPath := filepath.Join(cfg.Dir, fmt.Sprintf("proxy-r%d-%s.log", r+1, s.Name))
-			rows, err := gcRun(ctx, cfg, env, logPath)
+			rows, err := gcRun(ctx, cfg, phases, env, logPath)
 			for i := range rows {
 				rows[i].Setting, rows[i].Round = s.Name, r+1
 			}
@@ -299,7 +397,7 @@ func GCCompare(ctx context.Context, cfg GCCompareConfig) (*GCCompareResult, erro
 				for _, row := range rows {
 					fmt.Fprintf(cfg.Log, "round %d/%d  %-10s %-6s %8.0f req/s  p50 %s  p99 %s  p99.9 %s  max %s  gc %.0f  rss %s  errors %d\n",
 						row.Round, cfg.Rounds, row.Setting, row.Phase, row.RequestsPerSec,
-						fmtMs(row.P50), fmtMs(row.P99), fmtMs(row.P999), fmtMs(row.Max), row.GCCycles, fmtMiB(row.PeakRSS), row.Errors)
+						fmtMs(row.P50), fmtMs(row.P99), fmtKnownMs(row.P999), fmtKnownMs(row.Max), row.GCCycles, fmtMiB(row.PeakRSS), row.Errors)
 				}
 			}
 		}
@@ -309,14 +407,13 @@ func GCCompare(ctx context.Context, cfg GCCompareConfig) (*GCCompareResult, erro
 
 // gcRun starts one proxy with env, warms it up, runs every phase and stops
 // it, returning a row per phase finished.
-func gcRun(ctx context.Context, cfg GCCompareConfig, env map[string]string, logPath string) ([]GCRow, error) {
+func gcRun(ctx context.Context, cfg GCCompareConfig, phases []gcPhase, env map[string]string, logPath string) ([]GCRow, error) {
 	p, err := startProxy(ctx, cfg.ProxyPath, env, logPath)
 	if err != nil {
 		return nil, err
 	}
 	defer p.stop()
 	url := "http://" + p.HTTPAddr + "/"
-	phases := cfg.phases()
 
 	if cfg.WarmupRequests > 0 {
 		warm := phases[0].load
@@ -329,9 +426,7 @@ func gcRun(ctx context.Context, cfg GCCompareConfig, env map[string]string, logP
 
 	var rows []GCRow
 	for _, ph := range phases {
-		load := ph.load
-		load.URL = url
-		row, err := gcPhaseRun(ctx, p, load)
+		row, err := gcPhaseRun(ctx, cfg, p, ph, url)
 		row.Phase = ph.name
 		if err != nil {
 			return rows, fmt.Errorf("%s: %w", ph.name, err)
@@ -341,9 +436,9 @@ func gcRun(ctx context.Context, cfg GCCompareConfig, env map[string]string, logP
 	return rows, nil
 }
 
-// gcPhaseRun runs one load against p, measuring its GC cycles and peak
-// RSS.
-func gcPhaseRun(ctx context.Context, p *proxyProc, load Config) (GCRow, error) {
+// gcPhaseRun runs ph's load against p at url, measuring its GC cycles
+// and peak RSS.
+func gcPhaseRun(ctx context.Context, cfg GCCompareConfig, p *proxyProc, ph gcPhase, url string) (GCRow, error) {
 	var row GCRow
 	pid := p.cmd.Process.Pid
 	gc0, err := p.gcCycles(ctx)
@@ -352,7 +447,7 @@ func gcPhaseRun(ctx context.Context, p *proxyProc, load Config) (GCRow, error) {
 	}
 	hwmReset := ResetPeakRSS(pid) == nil
 	stopSampling := sampleRSS(pid, 100*time.Millisecond)
-	res, err := Run(ctx, load)
+	row, completed, err := gcLoad(ctx, cfg, ph, url)
 	peak := stopSampling()
 	if err != nil {
 		return row, err
@@ -369,17 +464,44 @@ func gcPhaseRun(ctx context.Context, p *proxyProc, load Config) (GCRow, error) {
 	if err != nil {
 		return row, err
 	}
+	row.GCCycles, row.PeakRSS = gc1-gc0, peak
+	if completed == 0 {
+		return row, errors.New("no responses")
+	}
+	return row, nil
+}
+
+// gcLoad runs ph's load at url with its tool, returning the load's numbers
+// and how many requests got a response.
+func gcLoad(ctx context.Context, cfg GCCompareConfig, ph gcPhase, url string) (row GCRow, completed int64, err error) {
+	if ph.wrk {
+		w, err := RunWrk(ctx, WrkConfig{Path: cfg.WrkPath, URL: url, Concurrency: ph.load.Concurrency, Duration: ph.load.Duration, Script: ph.script})
+		if err != nil {
+			return row, 0, err
+		}
+		// wrk's request count includes those that got an error status, not
+		// the socket errors.
+		return GCRow{
+			RequestsPerSec: w.RequestsPerSec,
+			P50:            w.Latency[50], P99: w.Latency[99], P999: w.Latency[99.9], Max: w.Max,
+			Errors: w.Errors(),
+		}, w.Requests, nil
+	}
+	load := ph.load
+	load.URL = url
+	res, err := Run(ctx, load)
+	if err != nil {
+		return row, 0, err
+	}
 	row = GCRow{
 		RequestsPerSec: res.RequestsPerSec,
 		P50:            res.Latency(50), P99: res.Latency(99), P999: res.Latency(99.9), Max: res.Max,
-		Errors:   res.Failed + res.Non2xx,
-		GCCycles: gc1 - gc0,
-		PeakRSS:  peak,
+		Errors: res.Failed + res.Non2xx,
 	}
 	if res.Completed == 0 {
-		return row, fmt.Errorf("no responses (errors: %v)", res.Errors)
+		return row, 0, fmt.Errorf("no responses (errors: %v)", res.Errors)
 	}
-	return row, nil
+	return row, res.Completed, nil
 }
 
 // sampleRSS reads pid's VmRSS every period until the returned stop is
@@ -416,7 +538,8 @@ func sampleRSS(pid int, period time.Duration) (stop func() int64) {
 }
 
 // GCMedians returns, for each setting (in order) and phase (in the order
-// first seen), the median of every column over the runs.
+// first seen), the median of every column over the runs; the p99.9 and max
+// over the runs that know them (0, unknown, when none does).
 func GCMedians(settings []GCSetting, runs []GCRow) []GCRow {
 	var phases []string
 	for _, r := range runs {
@@ -435,8 +558,12 @@ func GCMedians(settings []GCSetting, runs []GCRow) []GCRow {
 				rps = append(rps, r.RequestsPerSec)
 				p50 = append(p50, float64(r.P50))
 				p99 = append(p99, float64(r.P99))
-				p999 = append(p999, float64(r.P999))
-				mx = append(mx, float64(r.Max))
+				if r.P999 > 0 {
+					p999 = append(p999, float64(r.P999))
+				}
+				if r.Max > 0 {
+					mx = append(mx, float64(r.Max))
+				}
 				errs = append(errs, float64(r.Errors))
 				gc = append(gc, r.GCCycles)
 				rss = append(rss, float64(r.PeakRSS))
@@ -466,6 +593,12 @@ func (r *GCCompareResult) WriteText(w io.Writer) error {
 		return err
 	}
 	ew := &errWriter{w: w}
+	if len(r.Load) > 0 {
+		fmt.Fprintln(ew, "\nload:")
+		for _, l := range r.Load {
+			fmt.Fprintf(ew, "  %s\n", l)
+		}
+	}
 	fmt.Fprintln(ew, "\nsettings (every other PROXY_*, GOGC and GOMEMLIMIT unset):")
 	for _, s := range r.Settings {
 		var kv []string
@@ -481,17 +614,25 @@ func (r *GCCompareResult) WriteText(w io.Writer) error {
 }
 
 // WriteGCTable writes rows as an aligned table: setting, phase, requests/s,
-// p50, p99, p99.9, max, errors, GC cycles, peak RSS.
+// p50, p99, p99.9, max ("-" when unknown), errors, GC cycles, peak RSS.
 func WriteGCTable(w io.Writer, rows []GCRow) error {
 	var cells [][]string
 	for _, r := range rows {
 		cells = append(cells, []string{
 			r.Setting, r.Phase, fmt.Sprintf("%.0f", r.RequestsPerSec),
-			fmtMs(r.P50), fmtMs(r.P99), fmtMs(r.P999), fmtMs(r.Max),
+			fmtMs(r.P50), fmtMs(r.P99), fmtKnownMs(r.P999), fmtKnownMs(r.Max),
 			fmt.Sprint(r.Errors), fmt.Sprintf("%.0f", r.GCCycles), fmtMiB(r.PeakRSS),
 		})
 	}
 	return writeTable(w, 2, []string{"setting", "phase", "req/s", "p50", "p99", "p99.9", "max", "errors", "GC cycles", "peak RSS"}, cells)
+}
+
+// fmtKnownMs is fmtMs, or "-" for 0: a latency the tool did not report.
+func fmtKnownMs(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return fmtMs(d)
 }
 
 // fmtMiB formats bytes in MiB with one decimal.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -61,10 +62,59 @@ func TestGCCompareFakeProxy(t *testing.T) {
 	if err := res.WriteText(&out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"setting  phase", "low      closed", "high     open", "GC cycles", "peak RSS", "PROXY_GC_PERCENT=800"} {
+	for _, want := range []string{"setting  phase", "low      closed", "high     open", "GC cycles", "peak RSS", "PROXY_GC_PERCENT=800",
+		"warmup: builtin closed loop, 20 requests", "closed: builtin closed loop, 100 requests at -c 4", "open: builtin open loop at 200 req/s for 300ms"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table has no %q:\n%s", want, out.String())
 		}
+	}
+}
+
+func TestGCCompareWrk(t *testing.T) {
+	if _, err := exec.LookPath("wrk"); err != nil {
+		t.Skip("wrk is not on PATH")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(fakeProxyEnv, "1")
+	t.Setenv("GORACE", "atexit_sleep_ms=0")
+	settings := []GCSetting{{Name: "low", Env: map[string]string{"PROXY_GC_PERCENT": "50"}}}
+	for _, tc := range []struct {
+		scenario string
+		phases   int
+	}{
+		// The fake proxy answers 400 to anything but the echo16k request
+		// when it has a config: no errors means wrk sent exactly that.
+		{ScenarioSeed, 2},
+		{ScenarioEcho16k, 1},
+	} {
+		t.Run(tc.scenario, func(t *testing.T) {
+			dir := t.TempDir()
+			res, err := GCCompare(context.Background(), GCCompareConfig{
+				ProxyPath: self, Settings: settings, Scenario: tc.scenario, Tool: ToolWrk, Rounds: 1,
+				ClosedDuration: time.Second, Duration: time.Second, Rate: 200, Concurrency: 4, WarmupRequests: 20,
+				Dir: dir,
+			})
+			if err != nil {
+				t.Fatalf("GCCompare: %v", err)
+			}
+			if len(res.Runs) != tc.phases {
+				t.Fatalf("runs %+v, want %d", res.Runs, tc.phases)
+			}
+			c := res.Runs[0]
+			if c.Phase != "closed" || c.RequestsPerSec <= 0 || c.P50 <= 0 || c.P99 < c.P50 || c.P999 < c.P99 || c.Max < c.P999 ||
+				c.Errors != 0 || c.GCCycles < 1 || c.PeakRSS <= 0 {
+				t.Errorf("closed run %+v: want wrk's throughput, p50..max, no errors, GC cycles and RSS", c)
+			}
+			if !strings.HasPrefix(res.Load[1], "closed: wrk -t1 -c4 -d1s --latency -s SCRIPT") {
+				t.Errorf("load %q", res.Load)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "wrk-"+tc.scenario+"-closed.lua")); err != nil {
+				t.Errorf("script: %v", err)
+			}
+		})
 	}
 }
 
@@ -88,6 +138,9 @@ func TestGCCompareValidate(t *testing.T) {
 		{"scenario", GCCompareConfig{ProxyPath: "/bin/true", Scenario: "big"}, "Scenario"},
 		{"dup setting", GCCompareConfig{ProxyPath: "/bin/true", Settings: []GCSetting{{Name: "a"}, {Name: "a"}}}, "Settings[1]"},
 		{"empty settings", GCCompareConfig{ProxyPath: "/bin/true", Settings: []GCSetting{}}, "Settings: empty"},
+		{"tool", GCCompareConfig{ProxyPath: "/bin/true", Tool: "ab"}, "Tool"},
+		{"closed duration", GCCompareConfig{ProxyPath: "/bin/true", ClosedDuration: -time.Second}, "ClosedDuration"},
+		{"no wrk", GCCompareConfig{ProxyPath: "/bin/true", Tool: ToolWrk, WrkPath: "/nonexistent/wrk"}, "WrkPath"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -121,6 +174,8 @@ func TestWriteGCTable(t *testing.T) {
 			P999: 20 * time.Millisecond, Max: 31 * time.Millisecond, GCCycles: 120, PeakRSS: 30 << 20},
 		{Setting: "gogc400", Phase: "open", RequestsPerSec: 5000, P50: time.Millisecond, P99: 3 * time.Millisecond,
 			P999: 5 * time.Millisecond, Max: 9 * time.Millisecond, Errors: 2, GCCycles: 7.5, PeakRSS: 45 << 20},
+		// What a tool did not report is shown as unknown, not as 0.
+		{Setting: "wrk", Phase: "closed", RequestsPerSec: 70000, P50: time.Millisecond, P99: 3 * time.Millisecond, GCCycles: 9, PeakRSS: 20 << 20},
 	}
 	var buf bytes.Buffer
 	if err := WriteGCTable(&buf, rows); err != nil {
@@ -129,12 +184,15 @@ func TestWriteGCTable(t *testing.T) {
 	want := "" +
 		"setting  phase   req/s     p50      p99    p99.9      max  errors  GC cycles  peak RSS\n" +
 		"off      closed  20000  4.00ms  12.50ms  20.00ms  31.00ms       0        120   30.0MiB\n" +
-		"gogc400  open     5000  1.00ms   3.00ms   5.00ms   9.00ms       2          8   45.0MiB\n"
+		"gogc400  open     5000  1.00ms   3.00ms   5.00ms   9.00ms       2          8   45.0MiB\n" +
+		"wrk      closed  70000  1.00ms   3.00ms        -        -       0          9   20.0MiB\n"
 	if buf.String() != want {
 		t.Errorf("WriteGCTable:\n%s\nwant:\n%s", buf.String(), want)
 	}
+	// The unknown p99.9 and max of the second run do not pull the medians
+	// down.
 	med := GCMedians([]GCSetting{{Name: "off"}}, append(rows, GCRow{Setting: "off", Phase: "closed", RequestsPerSec: 10000, PeakRSS: 10 << 20}))
-	if len(med) != 1 || med[0].RequestsPerSec != 15000.2 || med[0].PeakRSS != 20<<20 {
+	if len(med) != 1 || med[0].RequestsPerSec != 15000.2 || med[0].PeakRSS != 20<<20 || med[0].P999 != 20*time.Millisecond || med[0].Max != 31*time.Millisecond {
 		t.Errorf("GCMedians = %+v", med)
 	}
 }

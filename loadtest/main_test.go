@@ -1,14 +1,17 @@
 package loadtest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"runtime"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -28,10 +31,17 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// fakeProxy is the smallest stand-in for cmd/proxy that GCCompare can
-// drive: it listens on PROXY_HTTP_ADDR and PROXY_ADMIN_ADDR, logs the
+// fakeDieAfterEnv, set to N in the fake proxy's environment, makes it
+// exit with status 3 at its Nth request.
+const fakeDieAfterEnv = "LOADTEST_FAKE_DIE_AFTER"
+
+// fakeProxy is the smallest stand-in for cmd/proxy that GCCompare and Soak
+// can drive: it listens on PROXY_HTTP_ADDR and PROXY_ADMIN_ADDR, logs the
 // "serving" line as JSON on stderr (and the GC variables it was given),
-// answers "hi", serves /-/healthz and /metrics, and exits on SIGTERM.
+// answers "hi", serves /-/healthz and /metrics, and exits on SIGTERM. With
+// PROXY_CONFIG set (the echo16k scenario) it answers 400 to any request
+// but a POST of echoBody(16 KiB) as application/octet-stream, so that a
+// load sending anything else has errors.
 func fakeProxy() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
@@ -51,13 +61,26 @@ func fakeProxy() int {
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
 		fmt.Fprintf(w, "# TYPE go_gc_duration_seconds summary\ngo_gc_duration_seconds_count %d\n", ms.NumGC)
+		fmt.Fprintf(w, "go_goroutines %d\ngo_memstats_heap_inuse_bytes %g\n", runtime.NumGoroutine(), float64(ms.HeapInuse))
 	})
 	go func() { _ = http.Serve(adm, mux) }()
 	var n atomic.Int64
+	dieAfter, _ := strconv.ParseInt(os.Getenv(fakeDieAfterEnv), 10, 64)
+	echo16k := os.Getenv("PROXY_CONFIG") != ""
+	want := echoBody(16 << 10)
 	go func() {
-		_ = http.Serve(pub, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			if n.Add(1)%20 == 0 {
+		_ = http.Serve(pub, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			i := n.Add(1)
+			if i == dieAfter {
+				os.Exit(3)
+			}
+			if i%20 == 0 {
 				runtime.GC() // so that every phase has GC cycles to count
+			}
+			body, _ := io.ReadAll(r.Body)
+			if echo16k && (r.Method != http.MethodPost || r.Header.Get("Content-Type") != "application/octet-stream" || !bytes.Equal(body, want)) {
+				http.Error(w, "want the echo16k request", http.StatusBadRequest)
+				return
 			}
 			_, _ = w.Write([]byte("hi"))
 		}))

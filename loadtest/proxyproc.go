@@ -205,41 +205,80 @@ func (p *proxyProc) alive() bool {
 
 // gcCycles returns go_gc_duration_seconds_count from the admin /metrics.
 func (p *proxyProc) gcCycles(ctx context.Context) (float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	body, err := p.metrics(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return ParseMetric(strings.NewReader(body), "go_gc_duration_seconds_count")
+}
+
+// metricsTimeout bounds one GET of the admin /metrics.
+const metricsTimeout = 5 * time.Second
+
+// metrics returns the admin /metrics page (its first 16 MiB).
+func (p *proxyProc) metrics(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, metricsTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.AdminAddr+"/metrics", nil)
 	if err != nil {
-		return 0, err
+		return "", err
 	}
 	tr := &http.Transport{Proxy: nil}
 	defer tr.CloseIdleConnections()
 	resp, err := (&http.Client{Transport: tr}).Do(req)
 	if err != nil {
-		return 0, err
+		return "", err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("/metrics: status %d", resp.StatusCode)
+		return "", fmt.Errorf("/metrics: status %d", resp.StatusCode)
 	}
-	return ParseMetric(io.LimitReader(resp.Body, 16<<20), "go_gc_duration_seconds_count")
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	return string(b), err
 }
 
 // ParseMetric returns the value of the unlabelled sample name in
 // Prometheus text exposition r ("name 123"). It is an error if there is
 // none.
 func ParseMetric(r io.Reader, name string) (float64, error) {
+	m, err := ParseMetrics(r, name)
+	return m[name], err
+}
+
+// ParseMetrics returns the values of the unlabelled samples names in
+// Prometheus text exposition r ("name 123", "name 1.8432e+06"), the first
+// of each. It is an error if one is missing or not a number.
+func ParseMetrics(r io.Reader, names ...string) (map[string]float64, error) {
+	want := make(map[string]bool, len(names))
+	for _, n := range names {
+		want[n] = true
+	}
+	got := make(map[string]float64, len(names))
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
+	for sc.Scan() && len(got) < len(want) {
 		f := strings.Fields(sc.Text())
-		if len(f) >= 2 && f[0] == name {
-			return strconv.ParseFloat(f[1], 64)
+		if len(f) < 2 || !want[f[0]] {
+			continue
 		}
+		if _, seen := got[f[0]]; seen {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[1], 64)
+		if err != nil {
+			return got, fmt.Errorf("metric %s: %w", f[0], err)
+		}
+		got[f[0]] = v
 	}
 	if err := sc.Err(); err != nil {
-		return 0, err
+		return got, err
 	}
-	return 0, fmt.Errorf("metric %s: not found", name)
+	for _, n := range names {
+		if _, ok := got[n]; !ok {
+			return got, fmt.Errorf("metric %s: not found", n)
+		}
+	}
+	return got, nil
 }
 
 // tailFile returns the last n lines of the file at path (of its last

@@ -7,7 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"net/http"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -21,8 +24,15 @@ type WrkResult struct {
 	Requests int64
 	Elapsed  time.Duration
 	// Latency maps the percent of each "Latency Distribution" row (50, 75,
-	// 90, 99) to its latency.
+	// 90, 99) to its latency, and 99.9 to the p99.9 that WrkDoneHook
+	// prints when the run's script has it. A percent wrk did not print is
+	// absent: unknown, never 0.
 	Latency map[float64]time.Duration
+	// Mean and Max are the Avg and Max columns of the "Latency" thread
+	// stats row (all threads, to 10µs at best: wrk prints two decimals).
+	// Max is replaced by the exact one from WrkDoneHook's line when
+	// present. Both are 0 when wrk printed no such row.
+	Mean, Max time.Duration
 	// SocketErrors sums "Socket errors: connect A, read B, write C,
 	// timeout D"; 0 when wrk printed no such line.
 	SocketErrors int64
@@ -59,6 +69,14 @@ func ParseWrk(r io.Reader) (WrkResult, error) {
 		switch {
 		case line == "Latency Distribution":
 			inDist = true
+		case len(f) == 5 && f[0] == "Latency":
+			// "Latency  0.87ms  1.11ms  9.82ms  89.32%": avg, stdev, max, +/-.
+			res.Mean, err = parseWrkDuration(f[1])
+			if err == nil && res.Max == 0 {
+				res.Max, err = parseWrkDuration(f[3])
+			}
+		case strings.HasPrefix(line, wrkHookPrefix):
+			err = parseWrkHook(strings.TrimPrefix(line, wrkHookPrefix), &res)
 		case strings.HasPrefix(line, "Requests/sec:") && len(f) >= 2:
 			res.RequestsPerSec, err = strconv.ParseFloat(f[1], 64)
 			seenRate = true
@@ -84,6 +102,97 @@ func ParseWrk(r io.Reader) (WrkResult, error) {
 		return res, errors.New(`wrk output has no "Requests/sec:" or "N requests in" line`)
 	}
 	return res, nil
+}
+
+// wrkHookPrefix starts the line WrkDoneHook prints.
+const wrkHookPrefix = "loadtest: latency_us"
+
+// WrkDoneHook is a wrk Lua done function printing what `wrk --latency`
+// does not: the p99.9 and the exact maximum, in microseconds, from wrk's
+// own latency histogram (the one its distribution is read from), on a line
+// ParseWrk reads:
+//
+//	loadtest: latency_us p99.9 16340 max 22999
+//
+// wrk calls done once, after the run and its report, so the hook costs the
+// run nothing.
+const WrkDoneHook = `done = function(summary, latency, requests)
+  io.write(string.format("` + wrkHookPrefix + ` p99.9 %.0f max %.0f\n", latency:percentile(99.9), latency.max))
+end
+`
+
+// parseWrkHook reads the pairs after wrkHookPrefix: "p99.9 16340 max 22999"
+// (microseconds).
+func parseWrkHook(s string, res *WrkResult) error {
+	f := strings.Fields(s)
+	if len(f)%2 != 0 {
+		return fmt.Errorf("want NAME MICROSECONDS pairs, got %q", strings.TrimSpace(s))
+	}
+	for i := 0; i < len(f); i += 2 {
+		us, err := strconv.ParseFloat(f[i+1], 64)
+		if err != nil || us < 0 || us > float64(histMaxUS) {
+			return fmt.Errorf("%s: want microseconds, got %q", f[i], f[i+1])
+		}
+		d := time.Duration(us * float64(time.Microsecond))
+		if f[i] == "max" {
+			res.Max = d
+			continue
+		}
+		// "p99.9"; other names, from a later hook, are skipped.
+		if q, ok := strings.CutPrefix(f[i], "p"); ok {
+			pct, err := strconv.ParseFloat(q, 64)
+			if err != nil || pct <= 0 || pct > 100 {
+				return fmt.Errorf("percentile %q: want p0..p100", f[i])
+			}
+			res.Latency[pct] = d
+		}
+	}
+	return nil
+}
+
+// WrkScript returns a wrk Lua script that sends load's request (its
+// method, header and body, so that wrk sends byte for byte what Run would)
+// and ends with WrkDoneHook. A Config with neither method, header nor body
+// gives the hook alone: wrk's own GET.
+func WrkScript(load Config) string {
+	var b strings.Builder
+	b.WriteString("-- Written by loadtest for wrk -s.\n")
+	if load.Method != "" && load.Method != http.MethodGet {
+		fmt.Fprintf(&b, "wrk.method = %s\n", luaQuote([]byte(load.Method)))
+	}
+	for _, k := range slices.Sorted(maps.Keys(load.Header)) {
+		// wrk.headers holds one value per name; a list is sent as one
+		// comma-joined field, which HTTP reads the same (RFC 9110, 5.3).
+		fmt.Fprintf(&b, "wrk.headers[%s] = %s\n", luaQuote([]byte(http.CanonicalHeaderKey(k))),
+			luaQuote([]byte(strings.Join(load.Header[k], ", "))))
+	}
+	if load.Body != nil {
+		fmt.Fprintf(&b, "wrk.body = %s\n", luaQuote(load.Body))
+	}
+	b.WriteString(WrkDoneHook)
+	return b.String()
+}
+
+// luaQuote returns b as a double-quoted Lua string literal: printable ASCII
+// as itself, everything else as a decimal escape (\ddd, three digits so
+// that a following digit cannot join it).
+func luaQuote(b []byte) string {
+	var s strings.Builder
+	s.Grow(len(b) + 2)
+	s.WriteByte('"')
+	for _, c := range b {
+		switch {
+		case c == '"' || c == '\\':
+			s.WriteByte('\\')
+			s.WriteByte(c)
+		case c >= ' ' && c < 0x7f:
+			s.WriteByte(c)
+		default:
+			fmt.Fprintf(&s, "\\%03d", c)
+		}
+	}
+	s.WriteByte('"')
+	return s.String()
 }
 
 // sumCounts adds the numbers of "connect 0, read 12, write 0, timeout 3".
@@ -125,7 +234,7 @@ func parseWrkDuration(s string) (time.Duration, error) {
 	return 0, fmt.Errorf("time %q: no unit (us, ms, s, m, h)", s)
 }
 
-// WrkConfig is one wrk run: `wrk -t1 -cC -dD --latency URL`.
+// WrkConfig is one wrk run: `wrk -t1 -cC -dD --latency [-s SCRIPT] URL`.
 type WrkConfig struct {
 	// Path is the wrk binary. If empty, "wrk" is looked up in PATH.
 	Path string
@@ -135,6 +244,9 @@ type WrkConfig struct {
 	Concurrency int
 	// Duration is wrk's -d, rounded up to whole seconds (at least 1s).
 	Duration time.Duration
+	// Script is wrk's -s, a Lua script file (see WrkScript). If empty, wrk
+	// sends its own GET and prints no p99.9.
+	Script string
 	// AllowRemote permits a URL whose host is not loopback.
 	AllowRemote bool
 }
@@ -165,9 +277,13 @@ func RunWrk(ctx context.Context, cfg WrkConfig) (WrkResult, error) {
 	sec := max(1, int64((cfg.Duration+time.Second-1)/time.Second))
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(sec)*time.Second+wrkGrace)
 	defer cancel()
-	// #nosec G204 -- the binary is wrk, and every argument is a number or a
-	// URL checked above.
-	cmd := exec.CommandContext(ctx, path, "-t1", "-c"+strconv.Itoa(c), "-d"+strconv.FormatInt(sec, 10)+"s", "--latency", cfg.URL)
+	args := []string{"-t1", "-c" + strconv.Itoa(c), "-d" + strconv.FormatInt(sec, 10) + "s", "--latency"}
+	if cfg.Script != "" {
+		args = append(args, "-s", cfg.Script)
+	}
+	// #nosec G204 -- the binary is wrk, and every argument is a number, the
+	// caller's script file or a URL checked above.
+	cmd := exec.CommandContext(ctx, path, append(args, cfg.URL)...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {

@@ -24,6 +24,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return runCompare(ctx, args[1:], stdout, stderr)
 		case "gc-compare":
 			return runGCCompare(ctx, args[1:], stdout, stderr)
+		case "soak":
+			return runSoak(ctx, args[1:], stdout, stderr)
 		}
 	}
 	return runLoad(ctx, args, stdout, stderr)

@@ -43,19 +43,26 @@ func parseGCCompare(args []string, stderr io.Writer) (gcOptions, error) {
 			"runs the scenario, and prints the medians: req/s, latency, GC cycles, peak RSS.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
+	defaultTool := loadtest.ToolBuiltin
+	if _, err := exec.LookPath("wrk"); err == nil {
+		defaultTool = loadtest.ToolWrk
+	}
 	proxyPath := fs.String("proxy", "", "proxy `binary` (default: go build "+proxyPackage+" into a temp dir)")
-	scenario := fs.String("scenario", loadtest.ScenarioSeed, "seed (no config: closed loop -n at -c, then open loop at -rate for -t) or echo16k (16 echo replicas, 16 KiB POSTs, closed loop at -c for -t)")
+	scenario := fs.String("scenario", loadtest.ScenarioSeed, "seed (no config: closed loop at -c, for -closed-t with wrk or -n requests with builtin; then the builtin open loop at -rate for -t) or echo16k (16 echo replicas, 16 KiB POSTs, closed loop at -c for -t)")
+	tool := fs.String("tool", string(defaultTool), "closed-loop load generator: wrk (wrk -t1 -cC -dD --latency, with a Lua script for the request and the p99.9) or builtin; the open loop is always builtin (the default is wrk if it is on PATH)")
 	rounds := fs.Int("rounds", 3, "rounds (every setting once per round, the order rotated)")
 	d := fs.Duration("t", 20*time.Second, "length of the open loop (seed) or the closed loop (echo16k)")
 	rate := fs.Float64("rate", 5000, "seed: open-loop requests/s")
-	n := fs.Int64("n", 10000, "seed: closed-loop requests")
-	c := fs.Int("c", 100, "closed-loop workers")
+	n := fs.Int64("n", 10000, "seed, -tool builtin: closed-loop requests (wrk has no -n: with -tool wrk the closed loop runs for -closed-t)")
+	closedT := fs.Duration("closed-t", loadtest.DefaultGCClosedDuration, "seed, -tool wrk: length of the closed loop, in whole seconds (wrk has no request count, so it replaces -n)")
+	c := fs.Int("c", 100, "closed-loop workers (wrk: connections)")
 	accessLog := fs.Bool("access-log", true, "PROXY_ACCESS_LOG for the proxy")
 	settings := fs.String("settings", "", "comma-separated subset of the settings, in this order (default all: "+strings.Join(names, ",")+")")
 	keepLogs := fs.Bool("keep-logs", false, "keep every run's proxy log (and print where)")
 	if err := parse(fs, args); err != nil {
 		return gcOptions{}, err
 	}
+	set := explicit(fs)
 	switch {
 	case fs.NArg() > 0:
 		return gcOptions{}, usagef("unexpected arguments: %q", fs.Args())
@@ -67,14 +74,22 @@ func parseGCCompare(args []string, stderr io.Writer) (gcOptions, error) {
 		return gcOptions{}, usagef("-t: must be > 0, got %v", *d)
 	case *rate <= 0:
 		return gcOptions{}, usagef("-rate: must be > 0, got %g", *rate)
+	case *tool != string(loadtest.ToolWrk) && *tool != string(loadtest.ToolBuiltin):
+		return gcOptions{}, usagef("-tool: want wrk or builtin, got %q", *tool)
 	case *n < 1:
 		return gcOptions{}, usagef("-n: must be >= 1, got %d", *n)
+	case set["n"] && *tool == string(loadtest.ToolWrk):
+		return gcOptions{}, usagef("-n: wrk has no request count; with -tool wrk give -closed-t, or use -tool builtin")
+	case *closedT <= 0:
+		return gcOptions{}, usagef("-closed-t: must be > 0, got %v", *closedT)
+	case set["closed-t"] && *tool == string(loadtest.ToolBuiltin):
+		return gcOptions{}, usagef("-closed-t: applies to -tool wrk; the builtin closed loop sends -n requests")
 	case *c < 1:
 		return gcOptions{}, usagef("-c: must be >= 1, got %d", *c)
 	}
 	cfg := loadtest.GCCompareConfig{
-		ProxyPath: *proxyPath, Scenario: *scenario, Rounds: *rounds, Duration: *d,
-		Rate: *rate, Requests: *n, Concurrency: *c, AccessLog: *accessLog, KeepLogs: *keepLogs,
+		ProxyPath: *proxyPath, Scenario: *scenario, Tool: loadtest.Tool(*tool), Rounds: *rounds, Duration: *d,
+		Rate: *rate, Requests: *n, ClosedDuration: *closedT, Concurrency: *c, AccessLog: *accessLog, KeepLogs: *keepLogs,
 	}
 	if *settings != "" {
 		all := loadtest.DefaultGCSettings()
@@ -134,8 +149,8 @@ func runGCCompare(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 	}
 	cfg.Log = stdout
-	fmt.Fprintf(stdout, "gc-compare: scenario %s, %d rounds, proxy %s, access log %t\n",
-		cfg.Scenario, cfg.Rounds, cfg.ProxyPath, cfg.AccessLog)
+	fmt.Fprintf(stdout, "gc-compare: scenario %s, closed loop by %s, %d rounds, proxy %s, access log %t\n",
+		cfg.Scenario, cfg.Tool, cfg.Rounds, cfg.ProxyPath, cfg.AccessLog)
 	res, err := loadtest.GCCompare(ctx, cfg)
 	if res != nil && len(res.Medians) > 0 {
 		fmt.Fprintln(stdout, "\nmedians:")

@@ -47,7 +47,7 @@ func parseLoad(args []string, stderr io.Writer) (loadOptions, error) {
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: loadtest [flags] URL\n       loadtest compare [flags] name=URL...\n       loadtest gc-compare [flags]\n\nflags:\n")
+		fmt.Fprintf(fs.Output(), "usage: loadtest [flags] URL\n       loadtest compare [flags] name=URL...\n       loadtest gc-compare [flags]\n       loadtest soak [flags]\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	n := fs.Int64("n", 0, "number of `requests` (0: until -t ends)")

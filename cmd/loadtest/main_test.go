@@ -217,6 +217,10 @@ func TestGCCompareFlags(t *testing.T) {
 		{"duration", []string{"-t", "0s"}, "-t"},
 		{"rate", []string{"-rate", "0"}, "-rate"},
 		{"requests", []string{"-n", "0"}, "-n"},
+		{"tool", []string{"-tool", "ab"}, "-tool: want wrk or builtin"},
+		{"n with wrk", []string{"-tool", "wrk", "-n", "500"}, "-n: wrk has no request count"},
+		{"closed-t", []string{"-closed-t", "0s"}, "-closed-t: must be > 0"},
+		{"closed-t with builtin", []string{"-tool", "builtin", "-closed-t", "5s"}, "-closed-t: applies to -tool wrk"},
 		{"conns", []string{"-c", "0"}, "-c"},
 		{"setting", []string{"-settings", "off,gogc9000"}, `unknown setting "gogc9000"`},
 		{"setting twice", []string{"-settings", "off,off"}, "given twice"},
@@ -236,5 +240,61 @@ func TestGCCompareFlags(t *testing.T) {
 	c := opts.cfg
 	if len(c.Settings) != 2 || c.Settings[0].Name != "gogc400" || c.Scenario != "echo16k" || c.AccessLog || c.ProxyPath != "/bin/true" || c.Rounds != 3 {
 		t.Errorf("config %+v", c)
+	}
+	opts, err = parseGCCompare([]string{"-tool", "wrk", "-closed-t", "3s"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := opts.cfg; c.Tool != loadtest.ToolWrk || c.ClosedDuration != 3*time.Second {
+		t.Errorf("config %+v", c)
+	}
+	opts, err = parseGCCompare([]string{"-tool", "builtin", "-n", "500"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := opts.cfg; c.Tool != loadtest.ToolBuiltin || c.Requests != 500 || c.ClosedDuration != loadtest.DefaultGCClosedDuration {
+		t.Errorf("config %+v", c)
+	}
+}
+
+func TestSoakFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"rate", []string{"-rate", "0"}, "-rate"},
+		{"duration", []string{"-t", "0s"}, "-t"},
+		{"every", []string{"-every", "0s"}, "-every"},
+		{"warmup", []string{"-warmup", "-1s"}, "-warmup"},
+		{"too short", []string{"-t", "30s", "-warmup", "25s"}, "-warmup + -every (25s + 10s) must be shorter than -t (30s)"},
+		{"env syntax", []string{"-env", "NOEQUALS"}, "want KEY=VALUE"},
+		{"env addr", []string{"-env", "PROXY_ADMIN_ADDR=:9"}, "-env: PROXY_ADMIN_ADDR"},
+		{"args", []string{"extra"}, "unexpected arguments"},
+		{"help", []string{"-h"}, "usage: loadtest soak"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runCmd(t, append([]string{"soak"}, tc.args...)...)
+			if code != exitInvalid || !strings.Contains(stderr, tc.want) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", code, stderr, exitInvalid, tc.want)
+			}
+		})
+	}
+	opts, err := parseSoak([]string{"-t", "20s", "-every", "2s", "-rate", "300", "-env", "PROXY_GC_PERCENT=200", "-env", "GOGC=50", "-proxy", "/bin/true"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := opts.cfg
+	if c.Duration != 20*time.Second || c.Every != 2*time.Second || c.Rate != 300 || c.Warmup != 10*time.Second || c.ProxyPath != "/bin/true" ||
+		len(c.Env) != 2 || c.Env["PROXY_GC_PERCENT"] != "200" || c.Env["GOGC"] != "50" {
+		t.Errorf("config %+v", c)
+	}
+	if opts, err := parseSoak(nil, io.Discard); err != nil || opts.cfg.Duration != 5*time.Minute || opts.cfg.Rate != 2000 || opts.cfg.Warmup != 30*time.Second {
+		t.Errorf("defaults %+v, %v", opts.cfg, err)
+	}
+	// A proxy that will not start fails the run, not the command line.
+	code, _, stderr := runCmd(t, "soak", "-proxy", "/bin/false", "-t", "2s", "-every", "500ms")
+	if code != exitFailed || !strings.Contains(stderr, "exited while starting") {
+		t.Errorf("exit %d, stderr %q", code, stderr)
 	}
 }
