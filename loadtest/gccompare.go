@@ -206,13 +206,8 @@ func (c GCCompareConfig) withDefaults() GCCompareConfig {
 
 // Validate reports the first problem with c, naming the field.
 func (c GCCompareConfig) Validate() error {
-	if c.ProxyPath == "" {
-		return errors.New("ProxyPath: required")
-	}
-	if st, err := os.Stat(c.ProxyPath); err != nil {
-		return fmt.Errorf("ProxyPath: %w", err)
-	} else if st.IsDir() || st.Mode()&0o111 == 0 {
-		return fmt.Errorf("ProxyPath: %s is not an executable file", c.ProxyPath)
+	if err := checkProxyPath(c.ProxyPath); err != nil {
+		return err
 	}
 	if c.Settings != nil && len(c.Settings) == 0 {
 		return errors.New("Settings: empty")

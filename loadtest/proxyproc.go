@@ -311,3 +311,17 @@ func tailFile(path string, n int) string {
 
 // errProxyDied is returned when the proxy exits during a run.
 var errProxyDied = errors.New("proxy exited during the run")
+
+// checkProxyPath checks that path names an executable file, for the
+// harnesses' ProxyPath.
+func checkProxyPath(path string) error {
+	if path == "" {
+		return errors.New("ProxyPath: required")
+	}
+	if st, err := os.Stat(path); err != nil {
+		return fmt.Errorf("ProxyPath: %w", err)
+	} else if st.IsDir() || st.Mode()&0o111 == 0 {
+		return fmt.Errorf("ProxyPath: %s is not an executable file", path)
+	}
+	return nil
+}

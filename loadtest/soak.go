@@ -2,7 +2,6 @@ package loadtest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -90,13 +89,8 @@ func (c SoakConfig) withDefaults() SoakConfig {
 
 // Validate reports the first problem with c, naming the field.
 func (c SoakConfig) Validate() error {
-	if c.ProxyPath == "" {
-		return errors.New("ProxyPath: required")
-	}
-	if st, err := os.Stat(c.ProxyPath); err != nil {
-		return fmt.Errorf("ProxyPath: %w", err)
-	} else if st.IsDir() || st.Mode()&0o111 == 0 {
-		return fmt.Errorf("ProxyPath: %s is not an executable file", c.ProxyPath)
+	if err := checkProxyPath(c.ProxyPath); err != nil {
+		return err
 	}
 	for _, k := range sortedKeys(c.Env) {
 		switch {
