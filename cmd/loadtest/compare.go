@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -31,14 +33,36 @@ func (f pidFlag) Set(s string) error {
 	return nil
 }
 
+// compareOptions is the compare command line: the comparison and, with
+// -stacks, how to start its targets.
+type compareOptions struct {
+	cfg loadtest.CompareConfig
+	// stacks says to start the stacks (see loadtest.StartStacks) instead
+	// of taking targets; cfg.Targets is then empty.
+	stacks bool
+	// proxyPath is -proxy: the proxy binary, "" to build it.
+	proxyPath string
+	// keep keeps the stacks' temp dir (configs and logs).
+	keep bool
+}
+
 // parseCompare turns the compare command line into a CompareConfig.
 func parseCompare(args []string, stderr io.Writer) (loadtest.CompareConfig, error) {
+	opts, err := parseCompareOptions(args, stderr)
+	return opts.cfg, err
+}
+
+// parseCompareOptions turns the compare command line into its options.
+func parseCompareOptions(args []string, stderr io.Writer) (compareOptions, error) {
 	fs := flag.NewFlagSet("loadtest compare", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: loadtest compare [flags] name=URL name=URL...\n\n"+
+		fmt.Fprintf(fs.Output(), "usage: loadtest compare [flags] name=URL name=URL...\n"+
+			"       loadtest compare -stacks [flags]\n\n"+
 			"The same load against every target, rounds in rotating order, then the medians.\n"+
-			"The first target is the baseline of the ratios. Servers are not started here.\n\nflags:\n")
+			"The first target is the baseline of the ratios. Servers are not started here,\n"+
+			"except with -stacks: bare (cmd/hiserver), proxy (cmd/proxy, its default app), and\n"+
+			"nginx and haproxy in front of bare when installed, on free loopback ports.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	defaultTool := loadtest.ToolBuiltin
@@ -53,58 +77,92 @@ func parseCompare(args []string, stderr io.Writer) (loadtest.CompareConfig, erro
 	pids := pidFlag{}
 	fs.Var(pids, "pid", "`name=PID` of a target's server process, to report its CPU time per request (repeatable)")
 	allowRemote := fs.Bool("allow-remote", false, "allow targets whose host is not loopback")
+	stacks := fs.Bool("stacks", false, "start bare, proxy, nginx and haproxy (when installed) on loopback and compare them, instead of name=URL targets")
+	proxyPath := fs.String("proxy", "", "with -stacks, the proxy `binary` (default: go build "+proxyPackage+" into a temp dir)")
+	keep := fs.Bool("keep", false, "with -stacks, keep the temp dir of the stacks' configs and logs (and print where)")
 	if err := parse(fs, args); err != nil {
-		return loadtest.CompareConfig{}, err
+		return compareOptions{}, err
+	}
+	set := explicit(fs)
+	if *stacks {
+		switch {
+		case fs.NArg() > 0:
+			return compareOptions{}, usagef("-stacks: takes no name=URL targets, got %d", fs.NArg())
+		case set["pid"]:
+			return compareOptions{}, usagef("-stacks: -pid is not for started stacks (their PIDs are known)")
+		case set["allow-remote"]:
+			return compareOptions{}, usagef("-stacks: -allow-remote is not for started stacks (they are on loopback)")
+		}
+	} else {
+		for _, f := range []string{"proxy", "keep"} {
+			if set[f] {
+				return compareOptions{}, usagef("-%s: only with -stacks", f)
+			}
+		}
 	}
 	switch {
 	case *rounds < 1:
-		return loadtest.CompareConfig{}, usagef("-rounds: must be >= 1, got %d", *rounds)
+		return compareOptions{}, usagef("-rounds: must be >= 1, got %d", *rounds)
 	case *d <= 0:
-		return loadtest.CompareConfig{}, usagef("-t: must be > 0, got %v", *d)
+		return compareOptions{}, usagef("-t: must be > 0, got %v", *d)
 	case *c < 1:
-		return loadtest.CompareConfig{}, usagef("-c: must be >= 1, got %d", *c)
+		return compareOptions{}, usagef("-c: must be >= 1, got %d", *c)
 	case *warmup < 0:
-		return loadtest.CompareConfig{}, usagef("-warmup: must be >= 0, got %v", *warmup)
+		return compareOptions{}, usagef("-warmup: must be >= 0, got %v", *warmup)
 	case *tool != string(loadtest.ToolWrk) && *tool != string(loadtest.ToolBuiltin):
-		return loadtest.CompareConfig{}, usagef("-tool: want wrk or builtin, got %q", *tool)
-	case fs.NArg() < 2:
-		return loadtest.CompareConfig{}, usagef("targets: want at least two name=URL arguments, got %d", fs.NArg())
+		return compareOptions{}, usagef("-tool: want wrk or builtin, got %q", *tool)
+	case !*stacks && fs.NArg() < 2:
+		return compareOptions{}, usagef("targets: want at least two name=URL arguments, got %d", fs.NArg())
 	}
 	cfg := loadtest.CompareConfig{
 		Rounds: *rounds, Duration: *d, Concurrency: *c, Warmup: *warmup,
 		Tool: loadtest.Tool(*tool), AllowRemote: *allowRemote,
 	}
+	opts := compareOptions{cfg: cfg, stacks: *stacks, proxyPath: *proxyPath, keep: *keep}
+	if *stacks {
+		return opts, nil
+	}
 	seen := make(map[string]bool)
 	for _, a := range fs.Args() {
 		name, u, ok := strings.Cut(a, "=")
 		if !ok || name == "" || u == "" {
-			return loadtest.CompareConfig{}, usagef("targets: want name=URL, got %q", a)
+			return compareOptions{}, usagef("targets: want name=URL, got %q", a)
 		}
 		if seen[name] {
-			return loadtest.CompareConfig{}, usagef("targets: %q given twice", name)
+			return compareOptions{}, usagef("targets: %q given twice", name)
 		}
 		seen[name] = true
 		if err := checkURL(u, *allowRemote); err != nil {
-			return loadtest.CompareConfig{}, usagef("target %s: %v", name, err)
+			return compareOptions{}, usagef("target %s: %v", name, err)
 		}
 		cfg.Targets = append(cfg.Targets, loadtest.Target{Name: name, URL: u, PID: pids[name]})
 	}
 	for name := range pids {
 		if !seen[name] {
-			return loadtest.CompareConfig{}, usagef("-pid: %q names no target", name)
+			return compareOptions{}, usagef("-pid: %q names no target", name)
 		}
 	}
 	if err := cfg.Validate(); err != nil {
-		return loadtest.CompareConfig{}, usagef("%v", err)
+		return compareOptions{}, usagef("%v", err)
 	}
-	return cfg, nil
+	opts.cfg = cfg
+	return opts, nil
 }
 
 // runCompare is the compare subcommand.
 func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg, err := parseCompare(args, stderr)
+	opts, err := parseCompareOptions(args, stderr)
 	if err != nil {
 		return report(stderr, "loadtest compare", err)
+	}
+	cfg := opts.cfg
+	if opts.stacks {
+		stacks, cleanup, err := startStacks(ctx, opts, stdout, stderr)
+		defer cleanup()
+		if err != nil {
+			return report(stderr, "loadtest compare", err)
+		}
+		cfg.Targets = stacks.Targets()
 	}
 	cfg.Log = stdout
 	fmt.Fprintf(stdout, "compare: %d rounds of %v at -c %d with %s; baseline %s\n",
@@ -123,4 +181,58 @@ func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return report(stderr, "loadtest compare", err)
 	}
 	return exitOK
+}
+
+// hiserverPackage is the bare baseline that -stacks builds.
+const hiserverPackage = "github.com/serveproxy/serveproxy/cmd/hiserver"
+
+// startStacks builds what -stacks needs into a temp dir, starts the stacks
+// and prints them and the skipped ones. cleanup, never nil, stops them and
+// removes the temp dir (unless -keep); call it also on error.
+func startStacks(ctx context.Context, opts compareOptions, stdout, stderr io.Writer) (_ *loadtest.Stacks, cleanup func(), err error) {
+	tmp, err := os.MkdirTemp("", "compare-stacks-")
+	if err != nil {
+		return nil, func() {}, err
+	}
+	var stacks *loadtest.Stacks
+	cleanup = func() {
+		if stacks != nil {
+			stacks.Stop()
+		}
+		if opts.keep {
+			fmt.Fprintf(stderr, "compare: stacks' configs and logs kept in %s\n", tmp)
+		} else {
+			_ = os.RemoveAll(tmp)
+		}
+	}
+	proxyPath := opts.proxyPath
+	if proxyPath == "" {
+		fmt.Fprintf(stderr, "compare: building %s\n", proxyPackage)
+		if proxyPath, err = buildProxy(ctx, tmp, stderr); err != nil {
+			return nil, cleanup, err
+		}
+	}
+	fmt.Fprintf(stderr, "compare: building %s\n", hiserverPackage)
+	hiserver := filepath.Join(tmp, "hiserver")
+	bctx, cancel := context.WithTimeout(ctx, buildTimeout)
+	defer cancel()
+	if err := loadtest.GoBuild(bctx, hiserverPackage, hiserver, stderr); err != nil {
+		return nil, cleanup, fmt.Errorf("%w (run inside the module)", err)
+	}
+	stacks, err = loadtest.StartStacks(ctx, loadtest.StacksConfig{Dir: tmp, HiserverPath: hiserver, ProxyPath: proxyPath})
+	if err != nil {
+		return nil, cleanup, err
+	}
+	for _, s := range stacks.Started {
+		fmt.Fprintf(stdout, "stack %-7s %s  pid %d", s.Name, s.URL, s.PID)
+		if opts.keep && s.Config != "" {
+			fmt.Fprintf(stdout, "  config %s", s.Config)
+		}
+		fmt.Fprintln(stdout)
+	}
+	for _, s := range stacks.Skipped {
+		fmt.Fprintf(stdout, "stack %-7s skipped: %s\n", s.Name, s.Reason)
+	}
+	fmt.Fprintln(stdout, "stack proxy: access log off (PROXY_ACCESS_LOG=false), like nginx (access_log off) and haproxy (no log)")
+	return stacks, cleanup, nil
 }
