@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // latencyBucketsMS are Ray Serve's default latency buckets, in milliseconds.
@@ -15,7 +16,6 @@ var latencyBucketsMS = []float64{1, 2, 5, 10, 20, 50, 100, 200, 300, 400, 500, 1
 // them without the "ray_" prefix. Observers for a label set are resolved
 // once and cached, so recording a request takes no lock and no allocation.
 type metrics struct {
-	requests      *prometheus.CounterVec
 	errors        *prometheus.CounterVec
 	latency       *prometheus.HistogramVec
 	ongoing       atomic.Int64 // read at scrape time by a GaugeFunc
@@ -26,10 +26,6 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer, deployments []*Deployment) (*metrics, error) {
 	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "serve_num_http_requests_total",
-			Help: "The number of HTTP requests processed.",
-		}, []string{"route", "method", "application", "status_code"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "serve_num_http_error_requests_total",
 			Help: "The number of HTTP requests answered with a 4xx or 5xx status.",
@@ -58,7 +54,7 @@ func newMetrics(reg prometheus.Registerer, deployments []*Deployment) (*metrics,
 		Help: "The number of HTTP requests the proxy is answering now.",
 	}, func() float64 { return float64(m.ongoing.Load()) })
 	for _, c := range []prometheus.Collector{
-		m.requests, m.errors, m.latency, ongoing, m.depErrors, m.depLatency, m.accessDropped,
+		&histogramCount{h: m.latency, desc: requestsDesc}, m.errors, m.latency, ongoing, m.depErrors, m.depLatency, m.accessDropped,
 		&stateCollector{deployments: deployments},
 	} {
 		if err := reg.Register(c); err != nil {
@@ -77,9 +73,8 @@ type httpKey struct {
 
 // httpObservers are the resolved HTTP metrics of one label set.
 type httpObservers struct {
-	requests prometheus.Counter
-	latency  prometheus.Observer
-	errors   prometheus.Counter // nil below 400
+	latency prometheus.Observer
+	errors  prometheus.Counter // nil below 400
 }
 
 // replicaObservers are the resolved deployment metrics of one replica and
@@ -101,8 +96,7 @@ func (m *metrics) forRoute(route, app, deployment string) *routeMetrics {
 	rm.http.build = func(k httpKey) *httpObservers {
 		code := strconv.Itoa(k.status)
 		o := &httpObservers{
-			requests: m.requests.WithLabelValues(route, k.method, app, code),
-			latency:  m.latency.WithLabelValues(route, k.method, app, code),
+			latency: m.latency.WithLabelValues(route, k.method, app, code),
 		}
 		if k.status >= 400 {
 			o.errors = m.errors.WithLabelValues(route, code, k.method, app)
@@ -161,6 +155,44 @@ func methodLabel(m string) string {
 		return m
 	}
 	return "OTHER"
+}
+
+// requestsDesc is serve_num_http_requests_total: the count of the latency
+// histogram, which has the same labels, exported as a counter at scrape
+// time so that each request updates one metric, not two.
+var requestsDesc = prometheus.NewDesc("serve_num_http_requests_total",
+	"The number of HTTP requests processed.",
+	[]string{"route", "method", "application", "status_code"}, nil)
+
+// histogramCount exports a histogram vector's sample counts as a counter
+// with the same labels.
+type histogramCount struct {
+	h    *prometheus.HistogramVec
+	desc *prometheus.Desc
+}
+
+// Describe implements prometheus.Collector.
+func (c *histogramCount) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c *histogramCount) Collect(ch chan<- prometheus.Metric) {
+	hs := make(chan prometheus.Metric, 64)
+	go func() {
+		c.h.Collect(hs)
+		close(hs)
+	}()
+	for m := range hs {
+		var d dto.Metric
+		if m.Write(&d) != nil || d.Histogram == nil {
+			continue
+		}
+		byName := make(map[string]string, len(d.Label))
+		for _, l := range d.Label {
+			byName[l.GetName()] = l.GetValue()
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(d.Histogram.GetSampleCount()),
+			byName["route"], byName["method"], byName["application"], byName["status_code"])
+	}
 }
 
 // stateCollector reads queue lengths, replica load, request counts and

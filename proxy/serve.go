@@ -195,8 +195,7 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 	}
 	ms := float64(elapsed) / float64(time.Millisecond)
 	o := rs.metrics.http.get(httpKey{method: methodLabel(r.Method), status: res.status})
-	o.requests.Inc()
-	o.latency.Observe(ms)
+	o.latency.Observe(ms) // its count is serve_num_http_requests_total
 	if o.errors != nil {
 		o.errors.Inc()
 	}
