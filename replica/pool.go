@@ -1,0 +1,488 @@
+package replica
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"runtime/debug"
+	"slices"
+	"sync"
+)
+
+// Actor is the pool's view of an actor: something that takes a call and
+// answers it. Local replicas and, later, replicas in other processes are both
+// actors.
+type Actor interface {
+	// ID names the actor; it is unique within a pool.
+	ID() string
+	// Host names the host process the actor lives in, "" for an in-process
+	// actor. Actors of one host are meant to share one batched request
+	// (issue 4); the pool does not use it yet.
+	Host() string
+	// Call runs method with payload and returns the answer. It must honour
+	// ctx. The payload may be shared with other actors and must not be
+	// modified.
+	Call(ctx context.Context, method string, payload []byte) ([]byte, error)
+}
+
+// Call is one method call for an actor.
+type Call struct {
+	Method string
+	// Payload is the encoded argument. A Broadcast shares one Payload
+	// read-only among all its actors: it is encoded once, by the caller.
+	Payload []byte
+}
+
+// Result is an actor's answer to one call.
+type Result struct {
+	Actor string // ID of the actor that ran the call; "" if none did
+	Value []byte
+	Err   error // the call's own error; a panic in Call is a *PanicError
+}
+
+var (
+	// ErrNoPending is returned by GetNext and GetNextUnordered when no
+	// submitted call is left to return (Ray's StopIteration).
+	ErrNoPending = errors.New("replica: no pending results")
+	// ErrUnknownActor is the Result.Err of a Broadcast to an ID not in the
+	// pool.
+	ErrUnknownActor = errors.New("replica: unknown actor")
+	// ErrDuplicateActor is returned by Push for an actor whose ID is already
+	// in the pool.
+	ErrDuplicateActor = errors.New("replica: actor already in pool")
+)
+
+// task is one submitted call, from Submit or from a Map.
+type task struct {
+	ctx   context.Context
+	call  Call
+	index uint64 // submission index: the pool's for Submit, the payload's for Map
+
+	// Written under Pool.mu before the task is reported.
+	res  Result
+	done bool
+
+	sink chan<- *task  // a Map's completions; nil for Submit's tasks, which report to the pool
+	elem *list.Element // the task in Pool.completed, once done; Submit's tasks only
+}
+
+// Pool runs calls on a set of actors, like Ray's ray.util.ActorPool: Submit
+// gives a call to an idle actor, or queues it (FIFO) until one is idle, and
+// each actor runs one submitted call at a time. Results come back in
+// submission order (GetNext) or completion order (GetNextUnordered); mixing
+// the two loses nothing. Unlike Ray, an actor is idle again as soon as its
+// call completes, not when its result is fetched.
+//
+// Broadcast is the separate control path: the same call to every actor at
+// once, whether busy or idle.
+//
+// A Pool is safe for concurrent use.
+type Pool struct {
+	// mu guards every field below.
+	mu        sync.Mutex
+	actors    []Actor          // pool order; copied on write, so a read slice stays valid
+	byID      map[string]Actor // every actor in actors
+	idle      []Actor          // members with no submitted call running; used as a stack
+	queue     []*task          // submitted, waiting for an idle actor, FIFO
+	tasks     map[uint64]*task // Submit's tasks not yet returned, by submission index
+	nextIndex uint64           // submission index of the next Submit
+	nextRet   uint64           // lowest submission index GetNext may still return
+	completed list.List        // Submit's done, unreturned tasks, in completion order
+	changed   chan struct{}    // closed at the next completion; nil when nobody waits
+}
+
+// NewPool returns a pool of the given actors, all idle, in that order. It
+// panics if two actors share an ID.
+func NewPool(actors ...Actor) *Pool {
+	p := &Pool{
+		actors: slices.Clip(slices.Clone(actors)),
+		byID:   make(map[string]Actor, len(actors)),
+		tasks:  make(map[uint64]*task),
+	}
+	for i := len(actors) - 1; i >= 0; i-- { // so that the first actor is popped first
+		a := actors[i]
+		if _, dup := p.byID[a.ID()]; dup {
+			panic(fmt.Sprintf("replica.NewPool: %v: %q", ErrDuplicateActor, a.ID()))
+		}
+		p.byID[a.ID()] = a
+		p.idle = append(p.idle, a)
+	}
+	return p
+}
+
+// Submit runs c on an idle actor, or queues it until one is idle. It never
+// waits for an actor. The call runs with ctx; a call still queued when ctx
+// ends completes with ctx's error without running. Submit returns ctx's error,
+// and submits nothing, if ctx is already done.
+func (p *Pool) Submit(ctx context.Context, c Call) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := &task{ctx: ctx, call: c, index: p.nextIndex}
+	p.nextIndex++
+	p.tasks[t.index] = t
+	p.dispatchLocked(t)
+	return nil
+}
+
+// dispatchLocked starts t on an idle actor or queues it.
+func (p *Pool) dispatchLocked(t *task) {
+	if n := len(p.idle); n > 0 {
+		a := p.idle[n-1]
+		p.idle = p.idle[:n-1]
+		go p.run(a, t)
+		return
+	}
+	p.queue = append(p.queue, t)
+}
+
+// run runs t on a, then whatever is queued, until the queue is empty and a is
+// idle again. It is the only goroutine using a for submitted work.
+func (p *Pool) run(a Actor, t *task) {
+	for t != nil {
+		var r Result
+		if err := t.ctx.Err(); err != nil {
+			r.Err = err // cancelled while queued: never ran
+		} else {
+			r.Actor = a.ID()
+			r.Value, r.Err = safeCall(t.ctx, a, t.call)
+		}
+		p.mu.Lock()
+		p.finishLocked(t, r)
+		if len(p.queue) > 0 {
+			t = p.popQueueLocked()
+		} else {
+			t = nil
+			p.idle = append(p.idle, a)
+		}
+		p.mu.Unlock()
+	}
+}
+
+func (p *Pool) popQueueLocked() *task {
+	t := p.queue[0]
+	p.queue[0] = nil
+	p.queue = p.queue[1:]
+	if len(p.queue) == 0 {
+		p.queue = nil
+	}
+	return t
+}
+
+// finishLocked records t's result and reports it to its Map or to waiters.
+func (p *Pool) finishLocked(t *task, r Result) {
+	t.res, t.done = r, true
+	if t.sink != nil {
+		t.sink <- t // buffered for every task of its Map: never blocks
+		return
+	}
+	t.elem = p.completed.PushBack(t)
+	if p.changed != nil {
+		close(p.changed)
+		p.changed = nil
+	}
+}
+
+// returnLocked removes a Submit task whose result is being returned.
+func (p *Pool) returnLocked(t *task) Result {
+	delete(p.tasks, t.index)
+	p.completed.Remove(t.elem)
+	return t.res
+}
+
+// waitLocked returns a channel closed at the next completion.
+func (p *Pool) waitLocked() <-chan struct{} {
+	if p.changed == nil {
+		p.changed = make(chan struct{})
+	}
+	return p.changed
+}
+
+// GetNext returns the result of the earliest submitted call not yet
+// returned, waiting for it to complete if need be. It returns ErrNoPending if
+// no submitted call is left, and ctx's error if ctx ends first; the result is
+// then kept for a later GetNext.
+func (p *Pool) GetNext(ctx context.Context) (Result, error) {
+	for {
+		p.mu.Lock()
+		for p.nextRet < p.nextIndex && p.tasks[p.nextRet] == nil {
+			p.nextRet++ // already returned by GetNextUnordered
+		}
+		if p.nextRet == p.nextIndex {
+			p.mu.Unlock()
+			return Result{}, ErrNoPending
+		}
+		t := p.tasks[p.nextRet]
+		if t.done {
+			r := p.returnLocked(t)
+			p.mu.Unlock()
+			return r, nil
+		}
+		ch := p.waitLocked()
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return Result{}, ctx.Err()
+		}
+	}
+}
+
+// GetNextUnordered returns the result of the submitted call that completed
+// first among those not yet returned, waiting for one if need be. Errors are
+// as for GetNext.
+func (p *Pool) GetNextUnordered(ctx context.Context) (Result, error) {
+	for {
+		p.mu.Lock()
+		if e := p.completed.Front(); e != nil {
+			r := p.returnLocked(e.Value.(*task))
+			p.mu.Unlock()
+			return r, nil
+		}
+		if len(p.tasks) == 0 {
+			p.mu.Unlock()
+			return Result{}, ErrNoPending
+		}
+		ch := p.waitLocked()
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return Result{}, ctx.Err()
+		}
+	}
+}
+
+// HasNext reports whether a submitted call's result is left to return:
+// queued, running or done.
+func (p *Pool) HasNext() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.tasks) > 0
+}
+
+// HasFree reports whether an actor is idle, so that a Submit would run at
+// once.
+func (p *Pool) HasFree() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.idle) > 0
+}
+
+// PopIdle removes an idle actor from the pool and returns it; ok is false if
+// no actor is idle.
+func (p *Pool) PopIdle() (a Actor, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.idle)
+	if n == 0 {
+		return nil, false
+	}
+	a = p.idle[n-1]
+	p.idle = p.idle[:n-1]
+	delete(p.byID, a.ID())
+	i := slices.Index(p.actors, a)
+	p.actors = slices.Concat(p.actors[:i], p.actors[i+1:]) // a new slice: Broadcasts may hold the old one
+	return a, true
+}
+
+// Push adds a to the end of the pool. It takes the oldest queued call at
+// once, if any. Push returns an error wrapping ErrDuplicateActor if an actor
+// with a's ID is already in the pool.
+func (p *Pool) Push(a Actor) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, dup := p.byID[a.ID()]; dup {
+		return fmt.Errorf("%w: %q", ErrDuplicateActor, a.ID())
+	}
+	p.byID[a.ID()] = a
+	p.actors = append(slices.Clip(p.actors), a) // a new array: Broadcasts may hold the old one
+	if len(p.queue) > 0 {
+		go p.run(a, p.popQueueLocked())
+	} else {
+		p.idle = append(p.idle, a)
+	}
+	return nil
+}
+
+// Actors returns the pool's actors in pool order.
+func (p *Pool) Actors() []Actor {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.actors)
+}
+
+// Map submits method with each payload, like Submit, and yields their results
+// in payload order. The error it yields is the pool's, not a call's: ctx's
+// error, once, after which the sequence ends. Map's calls share the pool's
+// actors and queue with Submit but their results are Map's alone: GetNext
+// never sees them.
+//
+// Each range over the sequence submits the payloads anew. Ending the range
+// early drops the calls still queued, cancels those running and waits for
+// them to return, so no call of the Map outlives its loop.
+func (p *Pool) Map(ctx context.Context, method string, payloads [][]byte) iter.Seq2[Result, error] {
+	return p.mapSeq(ctx, method, payloads, true)
+}
+
+// MapUnordered is Map yielding results in completion order.
+func (p *Pool) MapUnordered(ctx context.Context, method string, payloads [][]byte) iter.Seq2[Result, error] {
+	return p.mapSeq(ctx, method, payloads, false)
+}
+
+func (p *Pool) mapSeq(parent context.Context, method string, payloads [][]byte, ordered bool) iter.Seq2[Result, error] {
+	return func(yield func(Result, error) bool) {
+		n := len(payloads)
+		if n == 0 {
+			return
+		}
+		ctx, cancel := context.WithCancel(parent)
+		defer cancel()
+		sink := make(chan *task, n)
+		tasks := make([]task, n)
+		p.mu.Lock()
+		for i := range tasks {
+			t := &tasks[i]
+			t.ctx, t.call, t.index, t.sink = ctx, Call{Method: method, Payload: payloads[i]}, uint64(i), sink
+			p.dispatchLocked(t)
+		}
+		p.mu.Unlock()
+
+		received := 0
+		defer func() {
+			if received < n {
+				p.abandon(sink, n-received, cancel)
+			}
+		}()
+		got := make([]bool, n) // ordered only: received, not yet yielded
+		next := 0              // ordered only: next payload to yield
+		for next < n {
+			if ordered && got[next] {
+				if !yield(tasks[next].res, nil) {
+					return
+				}
+				next++
+				continue
+			}
+			select {
+			case t := <-sink:
+				received++
+				if ordered {
+					got[t.index] = true
+					continue
+				}
+				next++
+				if !yield(t.res, nil) {
+					return
+				}
+			case <-parent.Done():
+				yield(Result{}, parent.Err())
+				return
+			}
+		}
+	}
+}
+
+// abandon ends a Map whose loop stopped with left of its calls unreported:
+// it drops those still queued, cancels the running ones and waits for them.
+func (p *Pool) abandon(sink chan *task, left int, cancel context.CancelFunc) {
+	p.mu.Lock()
+	kept := p.queue[:0]
+	for _, t := range p.queue {
+		if t.sink == sink {
+			left--
+		} else {
+			kept = append(kept, t)
+		}
+	}
+	clear(p.queue[len(kept):])
+	p.queue = kept
+	p.mu.Unlock()
+	cancel()
+	for ; left > 0; left-- {
+		<-sink
+	}
+}
+
+// errPending marks a Broadcast slot with no answer yet.
+var errPending = errors.New("replica: broadcast answer pending")
+
+// Broadcast sends c to every actor in the pool, or to the actors named by
+// only, and returns one Result per actor: in pool order, or in the order of
+// only, one per entry. An ID of only not in the pool gets an error wrapping
+// ErrUnknownActor.
+//
+// All the calls run at once, whether their actors are busy with submitted
+// work or idle, and share c.Payload read-only. Each runs with ctx, so give
+// ctx a deadline: Broadcast returns when every actor has answered or when ctx
+// ends, whichever is first, and an actor that has not answered by then gets
+// ctx's error in its Result while the others keep theirs. A panic in an
+// actor's Call is a *PanicError in its Result.
+func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
+	p.mu.Lock()
+	targets := p.actors // never written in place
+	if len(only) > 0 {
+		targets = make([]Actor, len(only))
+		for i, id := range only {
+			targets[i] = p.byID[id] // nil if unknown
+		}
+	}
+	p.mu.Unlock()
+
+	type answer struct {
+		i int
+		r Result
+	}
+	results := make([]Result, len(targets))
+	answers := make(chan answer, len(targets)) // late answers never block their goroutine
+	pending := 0
+	for i, a := range targets {
+		if a == nil {
+			results[i] = Result{Actor: only[i], Err: fmt.Errorf("%w: %q", ErrUnknownActor, only[i])}
+			continue
+		}
+		results[i] = Result{Actor: a.ID(), Err: errPending}
+		pending++
+		go func() {
+			v, err := safeCall(ctx, a, c)
+			answers <- answer{i, Result{Actor: a.ID(), Value: v, Err: err}}
+		}()
+	}
+	for pending > 0 {
+		select {
+		case ans := <-answers:
+			results[ans.i] = ans.r
+			pending--
+		case <-ctx.Done():
+			for pending > 0 { // keep the answers already in
+				select {
+				case ans := <-answers:
+					results[ans.i] = ans.r
+					pending--
+				default:
+					for i := range results {
+						if results[i].Err == errPending {
+							results[i].Err = ctx.Err()
+						}
+					}
+					return results
+				}
+			}
+		}
+	}
+	return results
+}
+
+// safeCall calls a, turning a panic into a *PanicError.
+func safeCall(ctx context.Context, a Actor, c Call) (v []byte, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			v, err = nil, &PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return a.Call(ctx, c.Method, c.Payload)
+}

@@ -1,0 +1,627 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// fnActor is an Actor whose Call is a function.
+type fnActor struct {
+	id string
+	fn func(ctx context.Context, method string, payload []byte) ([]byte, error)
+}
+
+func (a *fnActor) ID() string   { return a.id }
+func (a *fnActor) Host() string { return "" }
+func (a *fnActor) Call(ctx context.Context, method string, payload []byte) ([]byte, error) {
+	return a.fn(ctx, method, payload)
+}
+
+var _ Actor = (*fnActor)(nil)
+
+func echoActor(id string) *fnActor {
+	return &fnActor{id: id, fn: func(_ context.Context, _ string, p []byte) ([]byte, error) { return p, nil }}
+}
+
+// gates lets a test decide when each call, named by its payload, returns.
+type gates struct {
+	mu       sync.Mutex
+	open     map[string]chan struct{}
+	started  chan string // each call's payload as it starts
+	returned chan string // each call's payload as it returns
+}
+
+func newGates(names ...string) *gates {
+	g := &gates{open: map[string]chan struct{}{}, started: make(chan string, 100), returned: make(chan string, 100)}
+	for _, n := range names {
+		g.open[n] = make(chan struct{})
+	}
+	return g
+}
+
+func (g *gates) actor(id string) *fnActor {
+	return &fnActor{id: id, fn: func(ctx context.Context, _ string, p []byte) ([]byte, error) {
+		g.mu.Lock()
+		ch := g.open[string(p)]
+		g.mu.Unlock()
+		g.started <- string(p)
+		defer func() { g.returned <- string(p) }()
+		select {
+		case <-ch:
+			return p, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}}
+}
+
+// release lets the call named n return and waits until it has.
+func (g *gates) release(t *testing.T, n string) {
+	t.Helper()
+	close(g.open[n])
+	if got := recv(t, g.returned); got != n {
+		t.Fatalf("call %q returned, want %q", got, n)
+	}
+}
+
+func recv[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(5 * time.Second):
+		t.Fatal("timed out")
+		panic("unreachable")
+	}
+}
+
+func submit(t *testing.T, p *Pool, payloads ...string) {
+	t.Helper()
+	for _, s := range payloads {
+		if err := p.Submit(context.Background(), Call{Method: "m", Payload: []byte(s)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func get(t *testing.T, next func(context.Context) (Result, error)) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r, err := next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Err != nil {
+		t.Fatalf("result error: %v", r.Err)
+	}
+	return string(r.Value)
+}
+
+func TestPoolGetNextSubmissionOrder(t *testing.T) {
+	g := newGates("0", "1", "2")
+	p := NewPool(g.actor("a"), g.actor("b"), g.actor("c"))
+	submit(t, p, "0", "1", "2")
+	for range 3 {
+		recv(t, g.started)
+	}
+	// Complete in reverse order.
+	g.release(t, "2")
+	g.release(t, "1")
+	g.release(t, "0")
+	for _, want := range []string{"0", "1", "2"} {
+		if got := get(t, p.GetNext); got != want {
+			t.Fatalf("GetNext = %q, want %q", got, want)
+		}
+	}
+	if _, err := p.GetNext(context.Background()); !errors.Is(err, ErrNoPending) {
+		t.Fatalf("GetNext on an empty pool: err = %v, want ErrNoPending", err)
+	}
+	if p.HasNext() {
+		t.Fatal("HasNext after every result was returned")
+	}
+}
+
+func TestPoolGetNextUnorderedCompletionOrder(t *testing.T) {
+	g := newGates("0", "1", "2")
+	p := NewPool(g.actor("a"), g.actor("b"), g.actor("c"))
+	submit(t, p, "0", "1", "2")
+	for range 3 {
+		recv(t, g.started)
+	}
+	for _, n := range []string{"2", "0", "1"} {
+		close(g.open[n])
+		if got := get(t, p.GetNextUnordered); got != n {
+			t.Fatalf("GetNextUnordered = %q, want %q", got, n)
+		}
+	}
+	if _, err := p.GetNextUnordered(context.Background()); !errors.Is(err, ErrNoPending) {
+		t.Fatalf("err = %v, want ErrNoPending", err)
+	}
+}
+
+func TestPoolMixedGetNextLosesNothing(t *testing.T) {
+	names := []string{"0", "1", "2", "3", "4", "5"}
+	g := newGates(names...)
+	p := NewPool(g.actor("a"), g.actor("b"), g.actor("c"))
+	submit(t, p, names...)
+	for _, n := range []string{"5", "4", "3", "2", "1", "0"} {
+		close(g.open[n])
+	}
+	var got []string
+	for i := range names {
+		if i%2 == 0 {
+			got = append(got, get(t, p.GetNextUnordered))
+		} else {
+			got = append(got, get(t, p.GetNext))
+		}
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, names) {
+		t.Fatalf("results = %v, want each of %v once", got, names)
+	}
+	if p.HasNext() {
+		t.Fatal("HasNext after every result was returned")
+	}
+}
+
+func TestPoolPendingSubmits(t *testing.T) {
+	t.Run("one call per actor", func(t *testing.T) {
+		var mu sync.Mutex
+		running := map[string]int{}
+		total, maxTotal := 0, 0
+		mk := func(id string) *fnActor {
+			return &fnActor{id: id, fn: func(context.Context, string, []byte) ([]byte, error) {
+				mu.Lock()
+				running[id]++
+				total++
+				maxTotal = max(maxTotal, total)
+				if running[id] > 1 {
+					t.Errorf("actor %s runs %d calls at once", id, running[id])
+				}
+				mu.Unlock()
+				time.Sleep(time.Millisecond)
+				mu.Lock()
+				running[id]--
+				total--
+				mu.Unlock()
+				return []byte(id), nil
+			}}
+		}
+		p := NewPool(mk("a"), mk("b"))
+		for i := range 20 {
+			submit(t, p, fmt.Sprint(i))
+		}
+		for range 20 {
+			get(t, p.GetNext)
+		}
+		if maxTotal > 2 {
+			t.Fatalf("%d calls ran at once on 2 actors", maxTotal)
+		}
+		if !p.HasFree() {
+			t.Fatal("no actor free after all calls returned")
+		}
+	})
+	t.Run("queue is FIFO", func(t *testing.T) {
+		names := []string{"0", "1", "2", "3"}
+		g := newGates(names...)
+		p := NewPool(g.actor("a"))
+		submit(t, p, names...)
+		if p.HasFree() {
+			t.Fatal("HasFree with the only actor busy")
+		}
+		if !p.HasNext() {
+			t.Fatal("HasNext false with calls pending")
+		}
+		for _, n := range names {
+			if got := recv(t, g.started); got != n {
+				t.Fatalf("started %q, want %q", got, n)
+			}
+			g.release(t, n)
+		}
+		for _, n := range names {
+			if got := get(t, p.GetNext); got != n {
+				t.Fatalf("GetNext = %q, want %q", got, n)
+			}
+		}
+	})
+}
+
+func TestPoolPushPop(t *testing.T) {
+	a := echoActor("a")
+	p := NewPool(a)
+	if got, ok := p.PopIdle(); !ok || got != a {
+		t.Fatalf("PopIdle = %v, %v; want a, true", got, ok)
+	}
+	if _, ok := p.PopIdle(); ok {
+		t.Fatal("PopIdle on an empty pool succeeded")
+	}
+	if p.HasFree() || len(p.Actors()) != 0 {
+		t.Fatal("popped actor still in the pool")
+	}
+	submit(t, p, "queued")
+	b := echoActor("b")
+	if err := p.Push(b); err != nil {
+		t.Fatal(err)
+	}
+	r, err := p.GetNext(context.Background())
+	if err != nil || r.Actor != "b" || string(r.Value) != "queued" {
+		t.Fatalf("GetNext = %+v, %v; want b's answer to the queued call", r, err)
+	}
+	if err := p.Push(echoActor("b")); !errors.Is(err, ErrDuplicateActor) {
+		t.Fatalf("duplicate Push: err = %v, want ErrDuplicateActor", err)
+	}
+	if err := p.Push(a); err != nil {
+		t.Fatal(err)
+	}
+	if ids := actorIDs(p.Actors()); !slices.Equal(ids, []string{"b", "a"}) {
+		t.Fatalf("Actors = %v, want [b a]", ids)
+	}
+
+	// A busy actor is not idle: PopIdle leaves it.
+	g := newGates("x")
+	q := NewPool(g.actor("busy"))
+	submit(t, q, "x")
+	recv(t, g.started)
+	if _, ok := q.PopIdle(); ok {
+		t.Fatal("PopIdle removed a busy actor")
+	}
+	g.release(t, "x")
+	get(t, q.GetNext)
+}
+
+func actorIDs(as []Actor) []string {
+	var ids []string
+	for _, a := range as {
+		ids = append(ids, a.ID())
+	}
+	return ids
+}
+
+func TestPoolErrors(t *testing.T) {
+	p := NewPool()
+	if _, err := p.GetNext(context.Background()); !errors.Is(err, ErrNoPending) {
+		t.Fatalf("GetNext: err = %v, want ErrNoPending", err)
+	}
+	if _, err := p.GetNextUnordered(context.Background()); !errors.Is(err, ErrNoPending) {
+		t.Fatalf("GetNextUnordered: err = %v, want ErrNoPending", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := p.Submit(ctx, Call{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Submit with a done ctx: err = %v", err)
+	}
+
+	boom := errors.New("boom")
+	q := NewPool(
+		&fnActor{id: "fail", fn: func(context.Context, string, []byte) ([]byte, error) { return nil, boom }},
+		&fnActor{id: "panic", fn: func(context.Context, string, []byte) ([]byte, error) { panic("oops") }},
+	)
+	submit(t, q, "1", "2")
+	var sawBoom, sawPanic bool
+	for range 2 {
+		r, err := q.GetNext(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pe *PanicError
+		switch {
+		case errors.Is(r.Err, boom) && r.Actor == "fail":
+			sawBoom = true
+		case errors.As(r.Err, &pe) && r.Actor == "panic":
+			sawPanic = true
+		default:
+			t.Fatalf("unexpected result %+v", r)
+		}
+	}
+	if !sawBoom || !sawPanic {
+		t.Fatalf("saw boom %v, panic %v", sawBoom, sawPanic)
+	}
+	if !q.HasFree() {
+		t.Fatal("a panicking actor was lost")
+	}
+
+	defer func() {
+		if recover() == nil {
+			t.Fatal("NewPool with duplicate IDs did not panic")
+		}
+	}()
+	NewPool(echoActor("x"), echoActor("x"))
+}
+
+func TestPoolGetNextCancelKeepsResult(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		next func(*Pool) func(context.Context) (Result, error)
+	}{
+		{"GetNext", func(p *Pool) func(context.Context) (Result, error) { return p.GetNext }},
+		{"GetNextUnordered", func(p *Pool) func(context.Context) (Result, error) { return p.GetNextUnordered }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newGates("x")
+			p := NewPool(g.actor("a"))
+			submit(t, p, "x")
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+			defer cancel()
+			if _, err := tc.next(p)(ctx); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("err = %v, want DeadlineExceeded", err)
+			}
+			if !p.HasNext() {
+				t.Fatal("the cancelled wait dropped the pending result")
+			}
+			g.release(t, "x")
+			if got := get(t, tc.next(p)); got != "x" {
+				t.Fatalf("result = %q, want x", got)
+			}
+		})
+	}
+}
+
+func TestPoolQueuedCallCancelled(t *testing.T) {
+	g := newGates("first")
+	p := NewPool(g.actor("a"))
+	submit(t, p, "first")
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := p.Submit(ctx, Call{Payload: []byte("second")}); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	g.release(t, "first")
+	get(t, p.GetNext)
+	r, err := p.GetNext(context.Background())
+	if err != nil || !errors.Is(r.Err, context.Canceled) || r.Actor != "" {
+		t.Fatalf("cancelled queued call: %+v, %v; want a Canceled result that never ran", r, err)
+	}
+}
+
+// sleepActor answers its payload after (10 - payload) ms, so that later
+// payloads finish first.
+func sleepActor(id string) *fnActor {
+	return &fnActor{id: id, fn: func(ctx context.Context, _ string, p []byte) ([]byte, error) {
+		var i int
+		fmt.Sscan(string(p), &i)
+		select {
+		case <-time.After(time.Duration(10-i) * time.Millisecond):
+			return p, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}}
+}
+
+func payloads(n int) ([][]byte, []string) {
+	var ps [][]byte
+	var names []string
+	for i := range n {
+		ps = append(ps, []byte(fmt.Sprint(i)))
+		names = append(names, fmt.Sprint(i))
+	}
+	return ps, names
+}
+
+func TestPoolMap(t *testing.T) {
+	ps, names := payloads(10)
+	p := NewPool(sleepActor("a"), sleepActor("b"), sleepActor("c"))
+	ctx := context.Background()
+
+	var got []string
+	for r, err := range p.Map(ctx, "m", ps) {
+		if err != nil || r.Err != nil {
+			t.Fatal(err, r.Err)
+		}
+		got = append(got, string(r.Value))
+	}
+	if !slices.Equal(got, names) {
+		t.Fatalf("Map = %v, want %v", got, names)
+	}
+
+	got = got[:0]
+	for r, err := range p.MapUnordered(ctx, "m", ps) {
+		if err != nil || r.Err != nil {
+			t.Fatal(err, r.Err)
+		}
+		got = append(got, string(r.Value))
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, names) {
+		t.Fatalf("MapUnordered = %v, want each of %v", got, names)
+	}
+	if p.HasNext() {
+		t.Fatal("Map's results leaked into GetNext's")
+	}
+}
+
+func TestPoolMapEarlyBreak(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	ps, _ := payloads(10)
+	for _, tc := range []struct {
+		name string
+		seq  func(*Pool) func(func(Result, error) bool)
+	}{
+		{"Map", func(p *Pool) func(func(Result, error) bool) { return p.Map(context.Background(), "m", ps) }},
+		{"MapUnordered", func(p *Pool) func(func(Result, error) bool) {
+			return p.MapUnordered(context.Background(), "m", ps)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Payload 0 answers at once; the rest wait for cancellation.
+			var calls atomic.Int32
+			mk := func(id string) *fnActor {
+				return &fnActor{id: id, fn: func(ctx context.Context, _ string, p []byte) ([]byte, error) {
+					calls.Add(1)
+					if string(p) == "0" {
+						return p, nil
+					}
+					<-ctx.Done()
+					return nil, ctx.Err()
+				}}
+			}
+			p := NewPool(mk("a"), mk("b"))
+			n := 0
+			for r, err := range tc.seq(p) {
+				if err != nil || string(r.Value) != "0" {
+					t.Fatalf("first result %+v, %v", r, err)
+				}
+				n++
+				break
+			}
+			if n != 1 {
+				t.Fatalf("got %d results", n)
+			}
+			// The loop returned only after its running calls did.
+			if len(p.Actors()) != 2 || !p.HasFree() {
+				t.Fatal("actors not idle after the loop")
+			}
+			if _, ok := p.PopIdle(); !ok {
+				t.Fatal("actor busy")
+			}
+			if _, ok := p.PopIdle(); !ok {
+				t.Fatal("actor busy")
+			}
+			if c := calls.Load(); c > 3 {
+				t.Fatalf("%d calls ran; the queued ones should have been dropped", c)
+			}
+		})
+	}
+}
+
+func TestPoolMapContextCancel(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	ps, _ := payloads(5)
+	g := newGates()
+	p := NewPool(g.actor("a"))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	var errs []error
+	for r, err := range p.Map(ctx, "m", ps) {
+		if err == nil {
+			t.Fatalf("unexpected result %+v", r)
+		}
+		errs = append(errs, err)
+	}
+	if len(errs) != 1 || !errors.Is(errs[0], context.DeadlineExceeded) {
+		t.Fatalf("errors = %v, want one DeadlineExceeded", errs)
+	}
+	if !p.HasFree() {
+		t.Fatal("actor still busy")
+	}
+}
+
+func TestBroadcast(t *testing.T) {
+	boom := errors.New("boom")
+	release := make(chan struct{})
+	var slowDone sync.WaitGroup
+	slowDone.Add(1)
+	t.Cleanup(func() { close(release); slowDone.Wait() })
+
+	actors := []Actor{
+		echoActor("h1"),
+		&fnActor{id: "fail", fn: func(context.Context, string, []byte) ([]byte, error) { return nil, boom }},
+		echoActor("h2"),
+		// slow ignores ctx: Broadcast must not wait for it.
+		&fnActor{id: "slow", fn: func(context.Context, string, []byte) ([]byte, error) {
+			defer slowDone.Done()
+			<-release
+			return []byte("late"), nil
+		}},
+		&fnActor{id: "panic", fn: func(context.Context, string, []byte) ([]byte, error) { panic("oops") }},
+		echoActor("h3"),
+	}
+	p := NewPool(actors...)
+	payload := []byte("shared payload")
+	const deadline = 100 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	start := time.Now()
+	rs := p.Broadcast(ctx, Call{Method: "check_health", Payload: payload})
+	if el := time.Since(start); el < deadline/2 || el > 2*time.Second {
+		t.Fatalf("Broadcast took %v, want about the %v deadline", el, deadline)
+	}
+	if ids := resultIDs(rs); !slices.Equal(ids, actorIDs(actors)) {
+		t.Fatalf("results for %v, want pool order %v", ids, actorIDs(actors))
+	}
+	for _, r := range rs {
+		var pe *PanicError
+		switch r.Actor {
+		case "fail":
+			if !errors.Is(r.Err, boom) {
+				t.Errorf("fail: err = %v", r.Err)
+			}
+		case "slow":
+			if !errors.Is(r.Err, context.DeadlineExceeded) || r.Value != nil {
+				t.Errorf("slow: %+v, want DeadlineExceeded", r)
+			}
+		case "panic":
+			if !errors.As(r.Err, &pe) {
+				t.Errorf("panic: err = %v, want *PanicError", r.Err)
+			}
+		default:
+			if r.Err != nil || &r.Value[0] != &payload[0] {
+				t.Errorf("%s: %+v, want the shared payload back", r.Actor, r)
+			}
+		}
+	}
+}
+
+func resultIDs(rs []Result) []string {
+	var ids []string
+	for _, r := range rs {
+		ids = append(ids, r.Actor)
+	}
+	return ids
+}
+
+func TestBroadcastSubsetAndBusyActors(t *testing.T) {
+	var called sync.Map
+	unblock := make(chan struct{})
+	working := make(chan struct{})
+	mk := func(id string) *fnActor {
+		return &fnActor{id: id, fn: func(ctx context.Context, m string, p []byte) ([]byte, error) {
+			if m == "m" { // submitted work holds the actor until unblocked
+				close(working)
+				<-unblock
+				return nil, nil
+			}
+			called.Store(id, true)
+			return p, nil
+		}}
+	}
+	p := NewPool(mk("a"), mk("b"), mk("c"))
+	submit(t, p, "w") // one actor is now busy with submitted work
+	recv(t, working)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rs := p.Broadcast(ctx, Call{Method: "stats"}, "c", "nope", "a")
+	if ids := resultIDs(rs); !slices.Equal(ids, []string{"c", "nope", "a"}) {
+		t.Fatalf("results for %v, want [c nope a]", ids)
+	}
+	if rs[0].Err != nil || rs[2].Err != nil || !errors.Is(rs[1].Err, ErrUnknownActor) {
+		t.Fatalf("results %+v", rs)
+	}
+	if _, ok := called.Load("b"); ok {
+		t.Fatal("b was not named but was called")
+	}
+
+	// The whole pool, the busy actor included, answers without waiting for
+	// the submitted call.
+	rs = p.Broadcast(ctx, Call{Method: "stats"})
+	for _, r := range rs {
+		if r.Err != nil {
+			t.Fatalf("Broadcast with a busy actor: %+v", rs)
+		}
+	}
+	if len(rs) != 3 {
+		t.Fatalf("%d results, want 3", len(rs))
+	}
+	close(unblock)
+	get(t, p.GetNext)
+}
