@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Actor is the pool's view of an actor: something that takes a call and
@@ -408,20 +411,33 @@ func (p *Pool) abandon(sink chan *task, left int, cancel context.CancelFunc) {
 	}
 }
 
-// errPending marks a Broadcast slot with no answer yet.
-var errPending = errors.New("replica: broadcast answer pending")
+// broadcastStall is how long every Broadcast worker may sit in one call
+// before Broadcast starts another worker. Broadcast runs its calls inline on
+// a few workers because a goroutine per actor costs far more than an
+// in-process call (issue 4); a call that takes longer than this is taken to
+// be slow or dead, so that k stuck actors delay the others by about k stalls,
+// never by the deadline. It is well above a healthy in-process call and well
+// below any useful deadline.
+const broadcastStall = 200 * time.Microsecond
 
 // Broadcast sends c to every actor in the pool, or to the actors named by
 // only, and returns one Result per actor: in pool order, or in the order of
 // only, one per entry. An ID of only not in the pool gets an error wrapping
 // ErrUnknownActor.
 //
-// All the calls run at once, whether their actors are busy with submitted
-// work or idle, and share c.Payload read-only. Each runs with ctx, so give
-// ctx a deadline: Broadcast returns when every actor has answered or when ctx
-// ends, whichever is first, and an actor that has not answered by then gets
-// ctx's error in its Result while the others keep theirs. A panic in an
-// actor's Call is a *PanicError in its Result.
+// The calls run whether their actors are busy with submitted work or idle,
+// and share c.Payload read-only. Each runs with ctx, so give ctx a deadline:
+// Broadcast returns when every actor has answered or when ctx ends,
+// whichever is first, and an actor that has not answered by then gets ctx's
+// error in its Result while the others keep theirs. A panic in an actor's
+// Call is a *PanicError in its Result.
+//
+// The calls run on a few worker goroutines, GOMAXPROCS to start with, each
+// taking the next actor and calling it inline. Whenever every worker has
+// been in one call for broadcastStall, Broadcast starts one more, so a slow
+// or dead actor holds up only its own answer. Workers stop taking actors
+// once ctx ends; a call still running in an actor that ignores ctx finishes
+// into a discarded slot after Broadcast has returned.
 func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 	p.mu.Lock()
 	targets := p.actors // never written in place
@@ -432,49 +448,124 @@ func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 		}
 	}
 	p.mu.Unlock()
-
-	type answer struct {
-		i int
-		r Result
+	n := len(targets)
+	if n == 0 {
+		return []Result{}
 	}
-	results := make([]Result, len(targets))
-	answers := make(chan answer, len(targets)) // late answers never block their goroutine
-	pending := 0
+
+	b := &broadcast{
+		ctx:     ctx,
+		c:       c,
+		targets: targets,
+		results: make([]Result, n),
+		filled:  make([]atomic.Bool, n),
+		done:    make(chan struct{}),
+	}
+	left := n
 	for i, a := range targets {
 		if a == nil {
-			results[i] = Result{Actor: only[i], Err: fmt.Errorf("%w: %q", ErrUnknownActor, only[i])}
-			continue
+			b.results[i] = Result{Actor: only[i], Err: fmt.Errorf("%w: %q", ErrUnknownActor, only[i])}
+			b.filled[i].Store(true)
+			left--
 		}
-		results[i] = Result{Actor: a.ID(), Err: errPending}
-		pending++
-		go func() {
-			v, err := safeCall(ctx, a, c)
-			answers <- answer{i, Result{Actor: a.ID(), Value: v, Err: err}}
-		}()
 	}
-	for pending > 0 {
+	if left == 0 {
+		return b.results
+	}
+	b.left.Store(int64(left))
+	// The calling goroutine is not a worker: it must stay free to return at
+	// the deadline even if an actor ignores ctx.
+	workers := min(n, runtime.GOMAXPROCS(0))
+	for range workers {
+		go b.work()
+	}
+
+	tick := time.NewTicker(broadcastStall)
+	defer tick.Stop()
+	claimed := b.next.Load()
+	for {
 		select {
-		case ans := <-answers:
-			results[ans.i] = ans.r
-			pending--
+		case <-b.done:
+			return b.results // every slot is filled: no worker writes again
 		case <-ctx.Done():
-			for pending > 0 { // keep the answers already in
-				select {
-				case ans := <-answers:
-					results[ans.i] = ans.r
-					pending--
-				default:
-					for i := range results {
-						if results[i].Err == errPending {
-							results[i].Err = ctx.Err()
-						}
-					}
-					return results
-				}
+			return b.closed()
+		case <-tick.C:
+			now := b.next.Load()
+			if now >= int64(n) {
+				tick.Stop() // every call has a worker: none is needed
+				continue
 			}
+			if now == claimed { // no worker finished a call for a whole stall
+				go b.work()
+			}
+			claimed = now
 		}
 	}
-	return results
+}
+
+// broadcast is one Broadcast's calls, shared by its workers.
+type broadcast struct {
+	ctx     context.Context
+	c       Call
+	targets []Actor // nil for an unknown ID of only, whose slot is filled from the start
+
+	next atomic.Int64  // index of the next target to call
+	left atomic.Int64  // targets whose result is not yet filled
+	done chan struct{} // closed when left reaches 0
+
+	// results[i] is written once, by the worker that called targets[i],
+	// before filled[i] is set; it is read only after filled[i] is set, or
+	// after done is closed.
+	results []Result
+	filled  []atomic.Bool
+}
+
+// work calls targets in turn until none is left or ctx has ended.
+func (b *broadcast) work() {
+	// Filled slots are counted here and added to left once, on the way out:
+	// a shared counter written on every call would cost more than the call.
+	filled := int64(0)
+	defer func() {
+		if filled > 0 && b.left.Add(-filled) == 0 {
+			close(b.done)
+		}
+	}()
+	ctxDone := b.ctx.Done()
+	for {
+		select {
+		case <-ctxDone:
+			return
+		default:
+		}
+		i := int(b.next.Add(1) - 1)
+		if i >= len(b.targets) {
+			return
+		}
+		a := b.targets[i]
+		if a == nil {
+			continue // unknown ID: filled by Broadcast
+		}
+		r := &b.results[i]
+		r.Value, r.Err = safeCall(b.ctx, a, b.c)
+		r.Actor = a.ID() // field by field: cheaper under GC than copying a Result in
+		b.filled[i].Store(true)
+		filled++
+	}
+}
+
+// closed returns a copy of the results for a Broadcast whose ctx has ended:
+// the filled slots as they are, ctx's error in the others. Answers that come
+// later land in b.results, which nobody reads any more.
+func (b *broadcast) closed() []Result {
+	rs := make([]Result, len(b.results))
+	for i := range rs {
+		if b.filled[i].Load() {
+			rs[i] = b.results[i]
+		} else {
+			rs[i] = Result{Actor: b.targets[i].ID(), Err: b.ctx.Err()}
+		}
+	}
+	return rs
 }
 
 // safeCall calls a, turning a panic into a *PanicError.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -624,4 +625,57 @@ func TestBroadcastSubsetAndBusyActors(t *testing.T) {
 	}
 	close(unblock)
 	get(t, p.GetNext)
+}
+
+func TestBroadcastHungActorsCostOnlyTheirSlots(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	release := make(chan struct{})
+	var hungDone sync.WaitGroup
+	hung := func(id string) *fnActor {
+		hungDone.Add(1)
+		return &fnActor{id: id, fn: func(context.Context, string, []byte) ([]byte, error) {
+			defer hungDone.Done()
+			<-release // ignores ctx
+			return []byte("late"), nil
+		}}
+	}
+	start := time.Now()
+	var lastFast atomic.Int64 // ns after start of the last fast answer
+	var actors []Actor
+	for i := range 200 {
+		if i == 10 { // back to back, so that both workers of 2 cores stall at once
+			actors = append(actors, hung("hung0"), hung("hung1"))
+		}
+		actors = append(actors, &fnActor{id: fmt.Sprint("fast", i), fn: func(_ context.Context, _ string, p []byte) ([]byte, error) {
+			lastFast.Store(int64(time.Since(start)))
+			return p, nil
+		}})
+	}
+	p := NewPool(actors...)
+	const deadline = 2 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	rs := p.Broadcast(ctx, Call{Method: "m", Payload: []byte("ok")})
+	el := time.Since(start)
+	close(release)
+	hungDone.Wait()
+
+	if el < deadline/2 || el > deadline+2*time.Second {
+		t.Fatalf("Broadcast took %v, want about the %v deadline", el, deadline)
+	}
+	if last := time.Duration(lastFast.Load()); last > deadline/2 {
+		t.Fatalf("last fast answer at %v: the hung actors held up the others", last)
+	}
+	if ids := resultIDs(rs); !slices.Equal(ids, actorIDs(actors)) {
+		t.Fatalf("results for %v, want pool order", ids)
+	}
+	for _, r := range rs {
+		if strings.HasPrefix(r.Actor, "hung") {
+			if !errors.Is(r.Err, context.DeadlineExceeded) || r.Value != nil {
+				t.Errorf("%s: %+v, want DeadlineExceeded", r.Actor, r)
+			}
+		} else if r.Err != nil || string(r.Value) != "ok" {
+			t.Errorf("%s: %+v, want ok", r.Actor, r)
+		}
+	}
 }
