@@ -174,13 +174,7 @@ func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			err = werr
 		}
 	}
-	if err != nil {
-		if errors.Is(err, context.Canceled) {
-			err = fmt.Errorf("interrupted (%w): the table above is partial", err)
-		}
-		return report(stderr, "loadtest compare", err)
-	}
-	return exitOK
+	return reportRun(stderr, "loadtest compare", "table", err)
 }
 
 // hiserverPackage is the bare baseline that -stacks builds.
@@ -235,4 +229,16 @@ func startStacks(ctx context.Context, opts compareOptions, stdout, stderr io.Wri
 	}
 	fmt.Fprintln(stdout, "stack proxy: access log off (PROXY_ACCESS_LOG=false), like nginx (access_log off) and haproxy (no log)")
 	return stacks, cleanup, nil
+}
+
+// reportRun turns a harness's error into the exit code; a run cut short by
+// an interrupt says that what it printed (its table or summary) is partial.
+func reportRun(stderr io.Writer, name, printed string, err error) int {
+	if err == nil {
+		return exitOK
+	}
+	if errors.Is(err, context.Canceled) {
+		err = fmt.Errorf("interrupted (%w): the %s above is partial", err, printed)
+	}
+	return report(stderr, name, err)
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -158,11 +157,5 @@ func runGCCompare(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			err = werr
 		}
 	}
-	if err != nil {
-		if errors.Is(err, context.Canceled) {
-			err = fmt.Errorf("interrupted (%w): the table above is partial", err)
-		}
-		return report(stderr, "loadtest gc-compare", err)
-	}
-	return exitOK
+	return reportRun(stderr, "loadtest gc-compare", "table", err)
 }

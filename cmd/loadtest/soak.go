@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -129,11 +128,5 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
-	if err != nil {
-		if errors.Is(err, context.Canceled) {
-			err = fmt.Errorf("interrupted (%w): the summary above is partial", err)
-		}
-		return report(stderr, "loadtest soak", err)
-	}
-	return exitOK
+	return reportRun(stderr, "loadtest soak", "summary", err)
 }
