@@ -50,6 +50,11 @@ type Env struct {
 	// ReadHeaderTimeout, from PROXY_READ_HEADER_TIMEOUT (a Go duration
 	// above 0), bounds reading a request's headers; 10s by default.
 	ReadHeaderTimeout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"10s"`
+	// DrainDelay, from PROXY_DRAIN_DELAY (a Go duration, 0 or more), is how
+	// long /-/healthz answers 503 on SIGTERM while the proxy still accepts
+	// connections, so that a load balancer polling it stops sending first;
+	// 0 (the default) closes the listeners at once.
+	DrainDelay time.Duration `env:"DRAIN_DELAY" envDefault:"0s"`
 	// MaxHeaderBytes, from PROXY_MAX_HEADER_BYTES (above 0), bounds a
 	// request's headers; 1MiB by default.
 	MaxHeaderBytes ByteSize `env:"MAX_HEADER_BYTES" envDefault:"1MiB"`
@@ -137,6 +142,7 @@ func ReadEnv(environ map[string]string) (Env, error) {
 		check("KeepAliveTimeout", durationProblem(e.KeepAliveTimeout, false))
 	}
 	check("ReadHeaderTimeout", durationProblem(e.ReadHeaderTimeout, false))
+	check("DrainDelay", durationProblem(e.DrainDelay, true))
 	if e.MaxHeaderBytes <= 0 {
 		check("MaxHeaderBytes", fmt.Sprintf("must be > 0, got %d", e.MaxHeaderBytes))
 	}

@@ -3,6 +3,7 @@ package config
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestGCEnv(t *testing.T) {
@@ -27,6 +28,7 @@ func TestGCEnv(t *testing.T) {
 		{"PROXY_GC_MEMORY_LIMIT", "1.0", func(e Env) bool { return e.GCMemoryLimit == MemoryLimit{Ratio: 1} }},
 		{"PROXY_GC_MEMORY_LIMIT", "none", func(e Env) bool { return e.GCMemoryLimit.None() }},
 		{"PROXY_ADMIN_TOKEN", "s3cret", func(e Env) bool { return e.AdminToken == "s3cret" }},
+		{"PROXY_DRAIN_DELAY", "5s", func(e Env) bool { return e.DrainDelay == 5*time.Second }},
 	}
 	for _, tt := range valid {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
@@ -38,6 +40,8 @@ func TestGCEnv(t *testing.T) {
 	}
 	invalid := []struct{ name, value, want string }{
 		{"PROXY_GC_TUNING", "yes please", "invalid boolean"},
+		{"PROXY_DRAIN_DELAY", "-1s", "must be >= 0"},
+		{"PROXY_DRAIN_DELAY", "soon", "invalid duration"},
 		{"PROXY_GC_PERCENT", "0", "integer >= 1"},
 		{"PROXY_GC_PERCENT", "-5", "integer >= 1"},
 		{"PROXY_GC_PERCENT", "4oo", "invalid GC percent"},

@@ -58,6 +58,11 @@ func (s *syncBuffer) String() string {
 
 func startProxy(t *testing.T, opts Options, deps ...testDeployment) *testProxy {
 	t.Helper()
+	return startProxyWith(t, opts, ServerOptions{ReadHeaderTimeout: 5 * time.Second, KeepAliveTimeout: 90 * time.Second, MaxHeaderBytes: 8 << 10}, deps...)
+}
+
+func startProxyWith(t *testing.T, opts Options, so ServerOptions, deps ...testDeployment) *testProxy {
+	t.Helper()
 	apps := map[string]*Application{}
 	var order []*Application
 	for _, td := range deps {
@@ -107,7 +112,7 @@ func startProxy(t *testing.T, opts Options, deps ...testDeployment) *testProxy {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		errc <- p.Serve(ctx, pub, adm, ServerOptions{ReadHeaderTimeout: 5 * time.Second, KeepAliveTimeout: 90 * time.Second, MaxHeaderBytes: 8 << 10})
+		errc <- p.Serve(ctx, pub, adm, so)
 	}()
 	var once sync.Once
 	var stopErr error
@@ -565,5 +570,44 @@ func TestAbortHandler(t *testing.T) {
 				t.Fatalf("after aborts: %d %q", resp.StatusCode, b)
 			}
 		})
+	}
+}
+
+// TestDrainDelay: on shutdown with a drain delay, /-/healthz answers 503
+// while requests are still accepted and answered; then the listener closes.
+func TestDrainDelay(t *testing.T) {
+	tp := startProxyWith(t, Options{}, ServerOptions{ReadHeaderTimeout: 5 * time.Second, KeepAliveTimeout: time.Second, DrainDelay: 2 * time.Second},
+		testDeployment{app: "a", prefix: "/", factory: static("hi")})
+	stopped := make(chan error, 1)
+	go func() { stopped <- tp.stop() }()
+	waitFor(t, "draining", func() bool { return tp.draining.Load() })
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Get(tp.url + "/-/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 {
+		t.Fatalf("healthz while draining = %d, want 503", resp.StatusCode)
+	}
+	resp, err = client.Get(tp.url + "/")
+	if err != nil {
+		t.Fatalf("a new connection during the drain delay was refused: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "hi" {
+		t.Fatalf("during the drain delay: %d %q", resp.StatusCode, b)
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Serve did not return after the drain delay")
+	}
+	if _, err := client.Get(tp.url + "/"); err == nil {
+		t.Fatal("the listener still accepts after the drain delay")
 	}
 }

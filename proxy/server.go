@@ -18,6 +18,9 @@ type ServerOptions struct {
 	KeepAliveTimeout time.Duration
 	// MaxHeaderBytes bounds a request's headers (431 past it).
 	MaxHeaderBytes int
+	// DrainDelay is how long /-/healthz answers 503 before the listeners
+	// close, for load balancers to notice; 0 closes them at once.
+	DrainDelay time.Duration
 	// OnShutdown, if not nil, is called when the graceful shutdown begins
 	// (the binary uses it to let a second signal kill the process).
 	OnShutdown func()
@@ -25,8 +28,8 @@ type ServerOptions struct {
 
 // Serve starts the proxy's deployments, serves the public handler on public
 // and the admin handler on admin (which may be nil), and runs until ctx is
-// done. Then it shuts down gracefully: /-/healthz answers 503, the
-// listeners stop accepting, requests in flight finish (for up to the
+// done. Then it shuts down gracefully: /-/healthz answers 503 (for
+// DrainDelay while still accepting), the listeners stop accepting, requests in flight finish (for up to the
 // deployments' graceful_shutdown_timeout_s), replicas stop, the access log
 // is flushed. It returns nil after a clean shutdown.
 func (p *Proxy) Serve(ctx context.Context, public, admin net.Listener, so ServerOptions) error {
@@ -66,6 +69,15 @@ func (p *Proxy) Serve(ctx context.Context, public, admin net.Listener, so Server
 	}
 
 	p.SetDraining()
+	if so.DrainDelay > 0 && serveErr == nil {
+		p.opts.Log.Info().Stringer("drain_delay", so.DrainDelay).Msg("draining: /-/healthz answers 503; still accepting until the delay ends")
+		t := time.NewTimer(so.DrainDelay)
+		select {
+		case <-t.C:
+		case serveErr = <-errc:
+			t.Stop()
+		}
+	}
 	grace := p.GracefulShutdownTimeout()
 	p.opts.Log.Info().Stringer("graceful_shutdown_timeout", grace).Msg("draining: no new connections, finishing requests in flight")
 	sctx, cancel := context.WithTimeout(context.Background(), grace)

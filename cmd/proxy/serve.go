@@ -87,6 +87,7 @@ func serve(ctx context.Context, stopSignals func(), cfg *config.Config, e config
 		ReadHeaderTimeout: e.ReadHeaderTimeout,
 		KeepAliveTimeout:  cfg.HTTPOptions.KeepAliveTimeout(),
 		MaxHeaderBytes:    int(e.MaxHeaderBytes),
+		DrainDelay:        e.DrainDelay,
 		// A second SIGTERM or SIGINT during the grace period kills at once.
 		OnShutdown: stopSignals,
 	})
