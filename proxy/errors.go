@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/http"
 
-	"github.com/serveproxy/serveproxy/replica"
 	"github.com/serveproxy/serveproxy/router"
 )
 
@@ -19,7 +18,6 @@ const StatusClientClosedRequest = 499
 // errors.
 func statusOf(err error) int {
 	var bp *router.BackPressureError
-	var pe *replica.PanicError
 	switch {
 	case errors.As(err, &bp), errors.Is(err, router.ErrNoReplicas):
 		return http.StatusServiceUnavailable
@@ -27,9 +25,9 @@ func statusOf(err error) int {
 		return http.StatusRequestTimeout
 	case errors.Is(err, context.Canceled):
 		return StatusClientClosedRequest
-	case errors.As(err, &pe):
-		return http.StatusInternalServerError
 	}
+	// A handler panic (*replica.PanicError), an aborted response, anything
+	// else: the replica failed.
 	return http.StatusInternalServerError
 }
 

@@ -213,7 +213,7 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 	}
 	var buf [24]byte
 	var e *zerolog.Event
-	if res.status >= 500 && res.status != StatusClientClosedRequest {
+	if res.status >= 500 {
 		e = rs.log.Warn()
 	} else {
 		e = rs.log.Info()

@@ -1,7 +1,6 @@
 package replica
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 )
@@ -22,10 +21,6 @@ type Handle interface {
 	// Serve runs the request on the replica. The caller holds a slot.
 	Serve(w http.ResponseWriter, r *http.Request) error
 }
-
-// ErrDraining is returned for work sent to a replica that is draining or
-// stopped.
-var ErrDraining = errors.New("replica is draining")
 
 // PanicError is returned by Serve when the handler panicked. The replica
 // keeps serving.

@@ -108,18 +108,11 @@ func parseGCCompare(args []string, stderr io.Writer) (gcOptions, error) {
 
 // buildProxy runs `go build` of the proxy into dir and returns the binary.
 func buildProxy(ctx context.Context, dir string, stderr io.Writer) (string, error) {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		return "", fmt.Errorf("building the proxy: %w (or give -proxy PATH)", err)
-	}
 	out := filepath.Join(dir, "proxy")
 	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
 	defer cancel()
-	// #nosec G204 -- fixed arguments: the go tool and this module's package.
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", out, proxyPackage)
-	cmd.Stdout, cmd.Stderr = stderr, stderr
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("go build %s: %w (run inside the module, or give -proxy PATH)", proxyPackage, err)
+	if err := loadtest.GoBuild(ctx, proxyPackage, out, stderr); err != nil {
+		return "", fmt.Errorf("%w (run inside the module, or give -proxy PATH)", err)
 	}
 	return out, nil
 }
