@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -29,23 +30,11 @@ func BenchmarkServeApp(b *testing.B) {
 			name = "access_log=on"
 		}
 		b.Run(name, func(b *testing.B) {
-			d, err := NewDeployment(replica.DeploymentSpec{
-				App: "default", Name: "hello", Factory: static("hi"), NumReplicas: 16, MaxOngoingRequests: 100,
-				HealthCheckPeriod: time.Hour, HealthCheckTimeout: time.Second,
-			}, -1, zerolog.Nop())
-			if err != nil {
-				b.Fatal(err)
-			}
-			opts := Options{Applications: []*Application{{Name: "default", RoutePrefix: "/", Deployments: []*Deployment{d}}}}
+			var accessOut io.Writer
 			if accessLog {
-				opts.AccessLog = io.Discard
+				accessOut = io.Discard
 			}
-			p, err := New(opts)
-			if err != nil {
-				b.Fatal(err)
-			}
-			p.Start()
-			defer p.Close()
+			p := benchProxy(b, accessOut)
 			req := httptest.NewRequest("GET", "/", nil)
 			req.Header.Set("X-Request-ID", "fixed")
 			w := &nopWriter{h: make(http.Header)}
@@ -55,4 +44,47 @@ func BenchmarkServeApp(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchProxy starts the seed's app (static "hi", 16 replicas of 100) with
+// its access log written to accessLog, off if nil.
+func benchProxy(b *testing.B, accessLog io.Writer) *Proxy {
+	b.Helper()
+	d, err := NewDeployment(replica.DeploymentSpec{
+		App: "default", Name: "hello", Factory: static("hi"), NumReplicas: 16, MaxOngoingRequests: 100,
+		HealthCheckPeriod: time.Hour, HealthCheckTimeout: time.Second,
+	}, -1, zerolog.Nop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := New(Options{
+		Applications: []*Application{{Name: "default", RoutePrefix: "/", Deployments: []*Deployment{d}}},
+		AccessLog:    accessLog,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p.Start()
+	b.Cleanup(func() {
+		_ = p.Stop(context.Background())
+		_ = p.Close()
+	})
+	return p
+}
+
+// BenchmarkServeAppParallel is BenchmarkServeApp's access_log=on case from
+// every P at once, generating request ids as for a client that sends none:
+// what the shared counters and histograms cost when cores contend for them.
+func BenchmarkServeAppParallel(b *testing.B) {
+	p := benchProxy(b, io.Discard)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		req := httptest.NewRequest("GET", "/", nil)
+		w := &nopWriter{h: make(http.Header)}
+		for pb.Next() {
+			delete(req.Header, requestIDHeader)
+			clear(w.h)
+			p.serveApp(w, req)
+		}
+	})
 }

@@ -105,12 +105,22 @@ func (s *Scheduler) Queued() int { return int(s.queued.Load()) }
 // slot frees or ctx is done; it fails at once with ErrNoReplicas or a
 // *BackPressureError.
 func (s *Scheduler) Acquire(ctx context.Context) (replica.Handle, func(), error) {
-	if s.pending.Load() == 0 {
-		if h, release, ok := s.tryPick(); ok {
-			return h, release, nil
-		}
+	if h, release, ok := s.TryAcquire(); ok {
+		return h, release, nil
 	}
 	return s.acquireSlow(ctx)
+}
+
+// TryAcquire is Acquire's fast path: a replica with a slot held for the
+// caller and the function that frees it, if one is free and no request is
+// waiting ahead; ok is false otherwise, and nothing is held. It never
+// blocks. A caller that must tell a queued request from one served at once
+// (to time the wait) calls it before Acquire.
+func (s *Scheduler) TryAcquire() (h replica.Handle, release func(), ok bool) {
+	if s.pending.Load() != 0 {
+		return nil, nil, false
+	}
+	return s.tryPick()
 }
 
 // tryPick asks the picker a few times: a slot it saw free may be taken by
