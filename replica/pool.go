@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"bytes"
 	"container/list"
 	"context"
 	"errors"
@@ -36,6 +37,40 @@ type Call struct {
 	// Payload is the encoded argument. A Broadcast shares one Payload
 	// read-only among all its actors: it is encoded once, by the caller.
 	Payload []byte
+	// Ref, if not the zero Ref, passes the argument by reference instead: the
+	// actor gets the payload put under Ref with Pool.Put. Payload must then
+	// be nil.
+	Ref Ref
+}
+
+// Ref is a handle to a payload put into a pool once, with Pool.Put, so that
+// calls can name it instead of carrying it: Ray's ObjectRef argument. It is
+// small and cheap to copy into every call; the zero Ref names nothing.
+//
+// In process, resolving a Ref is a map lookup and the actor gets the very
+// bytes given to Put. Broadcast resolves it once for all its actors; a
+// submitted call, or ForeachBroadcast, resolves it per call, as a Ray actor
+// fetches an ObjectRef argument for each task. For actors in other
+// processes (not built yet) a Ref is what the wire carries: a host is sent
+// the bytes with the first call naming the Ref that reaches it and keeps
+// them under the Ref's id, every later call to any actor of that host
+// carries the id only, and Free drops the bytes there too. A Ref is only
+// meaningful to the pool that made it.
+type Ref struct {
+	pool *Pool
+	id   uint64
+}
+
+// payload returns the bytes the call's actor gets: Payload, or what Ref
+// names.
+func (c Call) payload() ([]byte, error) {
+	if c.Ref.pool == nil {
+		return c.Payload, nil
+	}
+	if c.Payload != nil {
+		return nil, errRefAndPayload
+	}
+	return c.Ref.pool.resolve(c.Ref)
 }
 
 // Result is an actor's answer to one call.
@@ -55,6 +90,11 @@ var (
 	// ErrDuplicateActor is returned by Push for an actor whose ID is already
 	// in the pool.
 	ErrDuplicateActor = errors.New("replica: actor already in pool")
+	// ErrUnknownRef is the Result.Err of a call whose Ref names no payload:
+	// it was freed.
+	ErrUnknownRef = errors.New("replica: unknown payload reference")
+
+	errRefAndPayload = errors.New("replica: a Call with a Ref must have a nil Payload")
 )
 
 // task is one submitted call, from Submit or from a Map.
@@ -94,6 +134,12 @@ type Pool struct {
 	nextRet   uint64           // lowest submission index GetNext may still return
 	completed list.List        // Submit's done, unreturned tasks, in completion order
 	changed   chan struct{}    // closed at the next completion; nil when nobody waits
+
+	// refMu guards refs and lastRef, the payloads put with Put. It is not mu
+	// so that resolving a Ref never waits behind submitted work.
+	refMu   sync.RWMutex
+	refs    map[uint64][]byte // by Ref id
+	lastRef uint64            // id of the latest Ref; ids are never reused
 }
 
 // NewPool returns a pool of the given actors, all idle, in that order. It
@@ -103,6 +149,7 @@ func NewPool(actors ...Actor) *Pool {
 		actors: slices.Clip(slices.Clone(actors)),
 		byID:   make(map[string]Actor, len(actors)),
 		tasks:  make(map[uint64]*task),
+		refs:   make(map[uint64][]byte),
 	}
 	for i := len(actors) - 1; i >= 0; i-- { // so that the first actor is popped first
 		a := actors[i]
@@ -312,6 +359,41 @@ func (p *Pool) Push(a Actor) error {
 	return nil
 }
 
+// Put keeps payload in the pool and returns a Ref naming it, for calls to
+// pass by reference (Call.Ref) until Free. The pool keeps payload itself, not
+// a copy: it is shared read-only by every call that names the Ref and must
+// not be modified.
+func (p *Pool) Put(payload []byte) Ref {
+	p.refMu.Lock()
+	defer p.refMu.Unlock()
+	p.lastRef++
+	p.refs[p.lastRef] = payload
+	return Ref{pool: p, id: p.lastRef}
+}
+
+// Free drops the payload r names. Calls that resolve r afterwards fail with
+// ErrUnknownRef; calls that already have the bytes keep them. Free does
+// nothing if r is not p's or is already freed.
+func (p *Pool) Free(r Ref) {
+	if r.pool != p {
+		return
+	}
+	p.refMu.Lock()
+	defer p.refMu.Unlock()
+	delete(p.refs, r.id)
+}
+
+// resolve returns the payload r, one of p's Refs, names.
+func (p *Pool) resolve(r Ref) ([]byte, error) {
+	p.refMu.RLock()
+	payload, ok := p.refs[r.id]
+	p.refMu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("%w: %d", ErrUnknownRef, r.id)
+	}
+	return payload, nil
+}
+
 // Actors returns the pool's actors in pool order.
 func (p *Pool) Actors() []Actor {
 	p.mu.Lock()
@@ -411,33 +493,44 @@ func (p *Pool) abandon(sink chan *task, left int, cancel context.CancelFunc) {
 	}
 }
 
-// broadcastStall is how long every Broadcast worker may sit in one call
-// before Broadcast starts another worker. Broadcast runs its calls inline on
-// a few workers because a goroutine per actor costs far more than an
-// in-process call (issue 4); a call that takes longer than this is taken to
-// be slow or dead, so that k stuck actors delay the others by about k stalls,
-// never by the deadline. It is well above a healthy in-process call and well
+// broadcastStall is how long a Broadcast worker may sit in one call before
+// Broadcast starts another worker in its place. Broadcast runs its calls
+// inline on a few workers because a goroutine per actor costs far more than
+// an in-process call (issue 4); a call that takes longer than this is taken
+// to be slow or dead. It is well above a healthy in-process call and well
 // below any useful deadline.
 const broadcastStall = 200 * time.Microsecond
+
+// broadcastChunk is how many actors a Broadcast worker claims at a time.
+// Claiming them one by one from a shared counter made every call pay for a
+// cache line the workers fought over, and results written side by side by
+// different workers shared lines too (issue 4). Within its chunk a worker
+// claims slot by slot from the chunk's own counter, so that another worker
+// can take the rest of a chunk whose worker is stuck in a call.
+const broadcastChunk = 32
 
 // Broadcast sends c to every actor in the pool, or to the actors named by
 // only, and returns one Result per actor: in pool order, or in the order of
 // only, one per entry. An ID of only not in the pool gets an error wrapping
-// ErrUnknownActor.
+// ErrUnknownActor. If c.Ref names no payload (it was freed), every Result
+// has an error wrapping ErrUnknownRef and no actor is called.
 //
 // The calls run whether their actors are busy with submitted work or idle,
-// and share c.Payload read-only. Each runs with ctx, so give ctx a deadline:
+// and share one payload read-only: c.Payload, or the bytes c.Ref names,
+// looked up once. Each call runs with ctx, so give ctx a deadline:
 // Broadcast returns when every actor has answered or when ctx ends,
 // whichever is first, and an actor that has not answered by then gets ctx's
 // error in its Result while the others keep theirs. A panic in an actor's
 // Call is a *PanicError in its Result.
 //
 // The calls run on a few worker goroutines, GOMAXPROCS to start with, each
-// taking the next actor and calling it inline. Whenever every worker has
-// been in one call for broadcastStall, Broadcast starts one more, so a slow
-// or dead actor holds up only its own answer. Workers stop taking actors
-// once ctx ends; a call still running in an actor that ignores ctx finishes
-// into a discarded slot after Broadcast has returned.
+// claiming actors broadcastChunk at a time and calling them inline. At every
+// broadcastStall, while actors are left unclaimed, Broadcast starts one more
+// worker for each worker that has been in one call since the last look, so
+// a slow or dead actor holds up only its own answer, and actors that are all
+// slow get about a worker each within a few stalls. Workers stop taking
+// actors once ctx ends; a call still running in an actor that ignores ctx
+// finishes into a discarded slot after Broadcast has returned.
 func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 	p.mu.Lock()
 	targets := p.actors // never written in place
@@ -455,19 +548,25 @@ func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 
 	b := &broadcast{
 		ctx:     ctx,
-		c:       c,
 		targets: targets,
 		results: make([]Result, n),
-		filled:  make([]atomic.Bool, n),
+		chunks:  make([]chunk, (n+broadcastChunk-1)/broadcastChunk),
 		done:    make(chan struct{}),
 	}
+	payload, perr := c.payload()
+	b.c = Call{Method: c.Method, Payload: payload} // resolved once for every actor
 	left := n
 	for i, a := range targets {
-		if a == nil {
+		switch {
+		case a == nil:
 			b.results[i] = Result{Actor: only[i], Err: fmt.Errorf("%w: %q", ErrUnknownActor, only[i])}
-			b.filled[i].Store(true)
-			left--
+		case perr != nil:
+			b.results[i] = Result{Actor: a.ID(), Err: perr}
+		default:
+			continue
 		}
+		b.chunks[i/broadcastChunk].filled[i%broadcastChunk].Store(true)
+		left--
 	}
 	if left == 0 {
 		return b.results
@@ -475,14 +574,14 @@ func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 	b.left.Store(int64(left))
 	// The calling goroutine is not a worker: it must stay free to return at
 	// the deadline even if an actor ignores ctx.
-	workers := min(n, runtime.GOMAXPROCS(0))
-	for range workers {
-		go b.work()
+	workers := make([]worker, min(n, runtime.GOMAXPROCS(0)))
+	for i := range workers {
+		go b.work(&workers[i])
 	}
 
 	tick := time.NewTicker(broadcastStall)
 	defer tick.Stop()
-	claimed := b.next.Load()
+	var watched []watch // made at the first tick: most broadcasts are done by then
 	for {
 		select {
 		case <-b.done:
@@ -490,15 +589,32 @@ func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 		case <-ctx.Done():
 			return b.closed()
 		case <-tick.C:
-			now := b.next.Load()
-			if now >= int64(n) {
+			unclaimed := n - b.claimed()
+			if unclaimed == 0 {
 				tick.Stop() // every call has a worker: none is needed
 				continue
 			}
-			if now == claimed { // no worker finished a call for a whole stall
-				go b.work()
+			if watched == nil {
+				for i := range workers {
+					watched = append(watched, watch{w: &workers[i]})
+				}
 			}
-			claimed = now
+			for i := range watched { // not the ones appended below: they have only just started
+				wt := &watched[i]
+				if wt.w.exited.Load() {
+					continue
+				}
+				if calls := wt.w.calls.Load(); calls != wt.seen {
+					wt.seen = calls
+					continue
+				}
+				if unclaimed > 0 { // stuck in one call for a whole stall
+					unclaimed--
+					nw := new(worker)
+					watched = append(watched, watch{w: nw})
+					go b.work(nw)
+				}
+			}
 		}
 	}
 }
@@ -506,51 +622,113 @@ func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 // broadcast is one Broadcast's calls, shared by its workers.
 type broadcast struct {
 	ctx     context.Context
-	c       Call
+	c       Call    // the payload resolved: c.Ref is the zero Ref
 	targets []Actor // nil for an unknown ID of only, whose slot is filled from the start
 
-	next atomic.Int64  // index of the next target to call
-	left atomic.Int64  // targets whose result is not yet filled
-	done chan struct{} // closed when left reaches 0
-
 	// results[i] is written once, by the worker that called targets[i],
-	// before filled[i] is set; it is read only after filled[i] is set, or
-	// after done is closed.
+	// before its filled flag is set; it is read only after that flag is
+	// set, or after done is closed.
 	results []Result
-	filled  []atomic.Bool
+	chunks  []chunk // chunks[k] holds targets[k*broadcastChunk:][:broadcastChunk]
+
+	nextChunk atomic.Int64  // index of the next chunk to claim
+	left      atomic.Int64  // targets whose result is not yet filled
+	done      chan struct{} // closed when left reaches 0
 }
 
-// work calls targets in turn until none is left or ctx has ended.
-func (b *broadcast) work() {
+// chunk is broadcastChunk consecutive targets of a broadcast.
+type chunk struct {
+	next   atomic.Int32                  // offset of the next slot to claim; may run past the chunk's end
+	filled [broadcastChunk]atomic.Bool   // filled[j]: the slot's result is written
+	_      [64 - 4 - broadcastChunk]byte // a cache line of its own, away from the other workers' chunks
+}
+
+// worker is one Broadcast worker's progress, which the watchdog reads.
+type worker struct {
+	calls  atomic.Int64 // calls finished
+	exited atomic.Bool
+	_      [64 - 8 - 1]byte // a cache line of its own
+}
+
+// watch is what the watchdog knows of a worker.
+type watch struct {
+	w    *worker
+	seen int64 // w.calls at the last tick
+}
+
+// work claims chunks in turn, then any slots still unclaimed in other
+// workers' chunks (behind a call that is slow), and calls their actors until
+// none is left or ctx has ended.
+func (b *broadcast) work(w *worker) {
 	// Filled slots are counted here and added to left once, on the way out:
 	// a shared counter written on every call would cost more than the call.
 	filled := int64(0)
 	defer func() {
+		w.exited.Store(true)
 		if filled > 0 && b.left.Add(-filled) == 0 {
 			close(b.done)
 		}
 	}()
-	ctxDone := b.ctx.Done()
+	for {
+		k := int(b.nextChunk.Add(1) - 1)
+		if k >= len(b.chunks) {
+			break
+		}
+		if !b.drain(w, k, &filled) {
+			return
+		}
+	}
+	for k := range b.chunks {
+		if !b.drain(w, k, &filled) {
+			return
+		}
+	}
+}
+
+// drain claims and calls chunk k's slots until none is left, and reports
+// false if ctx ended first.
+func (b *broadcast) drain(w *worker, k int, filled *int64) bool {
+	ch := &b.chunks[k]
+	base := k * broadcastChunk
+	size := int32(min(broadcastChunk, len(b.targets)-base))
+	if ch.next.Load() >= size {
+		return true // claimed already: most chunks, when stealing
+	}
+	// Locals: the loop would otherwise reload them through b after every
+	// atomic operation.
+	ctx, c, targets, results := b.ctx, b.c, b.targets[base:base+int(size)], b.results[base:base+int(size)]
+	ctxDone := ctx.Done()
 	for {
 		select {
 		case <-ctxDone:
-			return
+			return false
 		default:
 		}
-		i := int(b.next.Add(1) - 1)
-		if i >= len(b.targets) {
-			return
+		j := ch.next.Add(1) - 1
+		if j >= size {
+			return true
 		}
-		a := b.targets[i]
+		a := targets[j]
 		if a == nil {
 			continue // unknown ID: filled by Broadcast
 		}
-		r := &b.results[i]
-		r.Value, r.Err = safeCall(b.ctx, a, b.c)
+		r := &results[j]
+		r.Value, r.Err = safeCall(ctx, a, c)
 		r.Actor = a.ID() // field by field: cheaper under GC than copying a Result in
-		b.filled[i].Store(true)
-		filled++
+		ch.filled[j].Store(true)
+		w.calls.Add(1)
+		*filled++
 	}
+}
+
+// claimed returns how many slots workers have claimed.
+func (b *broadcast) claimed() int {
+	sum := 0
+	for k := range b.chunks {
+		size := min(broadcastChunk, len(b.targets)-k*broadcastChunk)
+		sum += min(int(b.chunks[k].next.Load()), size)
+	}
+	return sum
 }
 
 // closed returns a copy of the results for a Broadcast whose ctx has ended:
@@ -559,7 +737,7 @@ func (b *broadcast) work() {
 func (b *broadcast) closed() []Result {
 	rs := make([]Result, len(b.results))
 	for i := range rs {
-		if b.filled[i].Load() {
+		if b.chunks[i/broadcastChunk].filled[i%broadcastChunk].Load() {
 			rs[i] = b.results[i]
 		} else {
 			rs[i] = Result{Actor: b.targets[i].ID(), Err: b.ctx.Err()}
@@ -568,12 +746,48 @@ func (b *broadcast) closed() []Result {
 	return rs
 }
 
-// safeCall calls a, turning a panic into a *PanicError.
+// ForeachBroadcast is the baseline that Broadcast is measured against, and
+// nothing else: production code broadcasts with Pool.Broadcast. It is the
+// seed's foreach_remote,
+//
+//	refs = [a.method.remote(encode(arg)) for a in actors]; ray.get(refs)
+//
+// in Go: for each actor in turn it encodes c's argument for that actor (a
+// copy of c.Payload; for a Ref, just the handle, which each call resolves on
+// its own) and submits the call on a goroutine of its own, as Ray submits
+// one task per actor; then it waits until every actor has answered. It
+// returns one Result per actor, in the order of actors, each with its own
+// error; a panic is a *PanicError. Unlike Broadcast it has no deadline of its
+// own: like ray.get without a timeout, it waits for the slowest actor.
+func ForeachBroadcast(ctx context.Context, actors []Actor, c Call) []Result {
+	results := make([]Result, len(actors))
+	var wg sync.WaitGroup
+	for i, a := range actors {
+		arg := c
+		if c.Ref == (Ref{}) {
+			arg.Payload = bytes.Clone(c.Payload) // encoded for this actor
+		}
+		wg.Go(func() {
+			r := &results[i]
+			r.Value, r.Err = safeCall(ctx, a, arg)
+			r.Actor = a.ID()
+		})
+	}
+	wg.Wait()
+	return results
+}
+
+// safeCall calls a with c's payload, resolving c.Ref if it has one, and
+// turns a panic into a *PanicError.
 func safeCall(ctx context.Context, a Actor, c Call) (v []byte, err error) {
+	payload, err := c.payload()
+	if err != nil {
+		return nil, err
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			v, err = nil, &PanicError{Value: r, Stack: debug.Stack()}
 		}
 	}()
-	return a.Call(ctx, c.Method, c.Payload)
+	return a.Call(ctx, c.Method, payload)
 }

@@ -4,88 +4,102 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"sync/atomic"
 	"testing"
 )
 
-// BenchmarkBroadcast compares Broadcast with the seed's foreach_remote
-// baseline: encode (copy) the payload for each actor and call the actors one
-// at a time. Both are timed until every actor has had the call.
-func BenchmarkBroadcast(b *testing.B) {
-	for _, size := range []int{0, 1 << 20} {
-		for _, n := range []int{50, 400, 950} {
-			var got atomic.Int64
-			actors := make([]Actor, n)
-			for i := range actors {
-				actors[i] = &fnActor{id: fmt.Sprint("a", i), fn: func(_ context.Context, _ string, p []byte) ([]byte, error) {
-					got.Add(1)
-					return nil, nil
-				}}
-			}
-			payload := bytes.Repeat([]byte{'x'}, size)
-			ctx := context.Background()
-			name := fmt.Sprintf("payload=%d/actors=%d", size, n)
-			check := func(b *testing.B) {
-				if g := got.Swap(0); g != int64(b.N*n) {
-					b.Fatalf("%d calls, want %d", g, b.N*n)
-				}
-			}
+// The benchmarks below are the seed's four tables (issue 4), each comparing
+// Broadcast with ForeachBroadcast, the seed's foreach_remote. Both are timed
+// until every actor has answered. The actors share no state, so that the
+// calls' own cache traffic does not hide the paths' costs.
 
-			b.Run(name+"/path=broadcast", func(b *testing.B) {
-				p := NewPool(actors...)
-				c := Call{Method: "reconfigure", Payload: payload}
-				got.Store(0)
-				b.ReportAllocs()
-				for b.Loop() {
-					p.Broadcast(ctx, c)
+// nopActors returns n in-process actors whose Call does nothing.
+func nopActors(n int) []Actor {
+	actors := make([]Actor, n)
+	for i := range actors {
+		actors[i] = &fnActor{id: fmt.Sprint("a", i), fn: func(context.Context, string, []byte) ([]byte, error) {
+			return nil, nil
+		}}
+	}
+	return actors
+}
+
+// benchPaths runs c through both paths on n fresh actors; c may name a Ref
+// of the pool that mk returns.
+func benchPaths(b *testing.B, n int, mk func(p *Pool) Call) {
+	b.Helper()
+	actors := nopActors(n)
+	p := NewPool(actors...)
+	c := mk(p)
+	ctx := context.Background()
+	for _, path := range []struct {
+		name string
+		f    func() []Result
+	}{
+		{"broadcast", func() []Result { return p.Broadcast(ctx, c) }},
+		{"foreach", func() []Result { return ForeachBroadcast(ctx, actors, c) }},
+	} {
+		b.Run("path="+path.name, func(b *testing.B) {
+			b.ReportAllocs()
+			var rs []Result
+			for b.Loop() {
+				rs = path.f()
+			}
+			if len(rs) != n {
+				b.Fatalf("%d results, want %d", len(rs), n)
+			}
+			for _, r := range rs {
+				if r.Err != nil {
+					b.Fatal(r.Err)
 				}
-				check(b)
-			})
-			b.Run(name+"/path=foreach", func(b *testing.B) {
-				got.Store(0)
-				b.ReportAllocs()
-				for b.Loop() {
-					for _, a := range actors {
-						enc := bytes.Clone(payload) // encoded per actor
-						if _, err := a.Call(ctx, "reconfigure", enc); err != nil {
-							b.Fatal(err)
-						}
-					}
-				}
-				check(b)
-			})
-		}
+			}
+		})
 	}
 }
 
-// BenchmarkBroadcastNop is BenchmarkBroadcast's no-payload case with actors
-// that share no state, so that the calls' own cache traffic (the shared call
-// counter there) does not hide Broadcast's cost.
+// BenchmarkBroadcastPayload is table 1: payload size at 400 actors.
+func BenchmarkBroadcastPayload(b *testing.B) {
+	for _, size := range []int{10, 1 << 20, 8 << 20} {
+		payload := bytes.Repeat([]byte{'x'}, size)
+		b.Run(fmt.Sprintf("payload=%d/actors=400", size), func(b *testing.B) {
+			benchPaths(b, 400, func(*Pool) Call { return Call{Method: "reconfigure", Payload: payload} })
+		})
+	}
+}
+
+// BenchmarkBroadcastActors is table 2: actor count at 1 MiB.
+func BenchmarkBroadcastActors(b *testing.B) {
+	payload := bytes.Repeat([]byte{'x'}, 1<<20)
+	for _, n := range []int{50, 400, 950} {
+		b.Run(fmt.Sprintf("payload=1MiB/actors=%d", n), func(b *testing.B) {
+			benchPaths(b, n, func(*Pool) Call { return Call{Method: "reconfigure", Payload: payload} })
+		})
+	}
+}
+
+// BenchmarkBroadcastNop is table 3: actor count with no payload.
 func BenchmarkBroadcastNop(b *testing.B) {
 	for _, n := range []int{50, 400, 950} {
-		actors := make([]Actor, n)
-		for i := range actors {
-			actors[i] = &fnActor{id: fmt.Sprint("a", i), fn: func(context.Context, string, []byte) ([]byte, error) {
-				return nil, nil
-			}}
-		}
-		ctx := context.Background()
-		b.Run(fmt.Sprintf("actors=%d/path=broadcast", n), func(b *testing.B) {
-			p := NewPool(actors...)
-			b.ReportAllocs()
-			for b.Loop() {
-				p.Broadcast(ctx, Call{Method: "reconfigure"})
-			}
+		b.Run(fmt.Sprintf("actors=%d", n), func(b *testing.B) {
+			benchPaths(b, n, func(*Pool) Call { return Call{Method: "check_health"} })
 		})
-		b.Run(fmt.Sprintf("actors=%d/path=foreach", n), func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				for _, a := range actors {
-					if _, err := a.Call(ctx, "reconfigure", nil); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
+	}
+}
+
+// BenchmarkBroadcastRef is table 4: actor count with a 1 MiB payload passed
+// by reference, put once before the clock starts.
+func BenchmarkBroadcastRef(b *testing.B) {
+	payload := bytes.Repeat([]byte{'x'}, 1<<20)
+	for _, n := range []int{50, 400, 950} {
+		b.Run(fmt.Sprintf("ref=1MiB/actors=%d", n), func(b *testing.B) {
+			benchPaths(b, n, func(p *Pool) Call { return Call{Method: "reconfigure", Ref: p.Put(payload)} })
+		})
+	}
+}
+
+func BenchmarkTmpSizes(b *testing.B) {
+	for _, n := range []int{1, 32, 64, 200, 950, 4000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			benchPaths(b, n, func(*Pool) Call { return Call{Method: "check_health"} })
 		})
 	}
 }

@@ -279,3 +279,35 @@ func BenchmarkSchedulerAcquireRelease(b *testing.B) {
 		}
 	})
 }
+
+// TryAcquire takes a free slot, and never jumps the queue: with a request
+// waiting, it fails even when a slot is free, so that the waiter gets it.
+func TestSchedulerTryAcquire(t *testing.T) {
+	s := NewScheduler(nil, -1)
+	newLocals(s, 1, 1)
+	h, release, ok := s.TryAcquire()
+	if !ok || h == nil {
+		t.Fatal("TryAcquire on a free replica failed")
+	}
+	if _, _, ok := s.TryAcquire(); ok {
+		t.Fatal("TryAcquire past max_ongoing_requests succeeded")
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, rel, err := s.Acquire(context.Background())
+		if err == nil {
+			rel()
+		}
+		got <- err
+	}()
+	waitQueued(t, s, 1)
+	release() // hands the slot to the waiter
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	_, release, ok = s.TryAcquire()
+	if !ok {
+		t.Fatal("TryAcquire after the queue emptied failed")
+	}
+	release()
+}
