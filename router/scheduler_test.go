@@ -280,8 +280,8 @@ func BenchmarkSchedulerAcquireRelease(b *testing.B) {
 	})
 }
 
-// TryAcquire takes a free slot, and never jumps the queue: with a request
-// waiting, it fails even when a slot is free, so that the waiter gets it.
+// TryAcquire takes a free slot, fails at once when none is free, and a
+// slot freed while a request waits goes to the waiter, not to TryAcquire.
 func TestSchedulerTryAcquire(t *testing.T) {
 	s := NewScheduler(nil, -1)
 	newLocals(s, 1, 1)
