@@ -149,6 +149,10 @@ func routePrefixProblem(prefix string) string {
 	return ""
 }
 
+// MaxNumReplicas bounds num_replicas, in the file and when scaling live:
+// a typo must not start a hundred million replicas.
+const MaxNumReplicas = 10000
+
 func (v *validator) deployment(d *Deployment, p fieldPath) {
 	if d.Name == "" {
 		v.report(p.child("name"), "is required")
@@ -156,8 +160,8 @@ func (v *validator) deployment(d *Deployment, p fieldPath) {
 	if d.Handler == "" {
 		v.report(p.child("handler"), "is required")
 	}
-	if d.NumReplicas < 1 {
-		v.report(p.child("num_replicas"), "must be >= 1, got %d", d.NumReplicas)
+	if d.NumReplicas < 1 || d.NumReplicas > MaxNumReplicas {
+		v.report(p.child("num_replicas"), "must be in [1, %d], got %d", MaxNumReplicas, d.NumReplicas)
 	}
 	if d.MaxOngoingRequests < 1 {
 		v.report(p.child("max_ongoing_requests"), "must be >= 1, got %d", d.MaxOngoingRequests)

@@ -108,7 +108,8 @@ func TestParseErrors(t *testing.T) {
 		{"handler missing", "applications:\n  - name: a\n    deployments:\n      - name: d\n", "applications[0].deployments[0].handler", 4, "is required"},
 		{"handler empty", "applications:\n  - name: a\n    deployments:\n      - name: d\n        handler: ''\n", "applications[0].deployments[0].handler", 5, "is required"},
 		{"duplicate deployment name", withDeployment("      - name: dep\n        handler: echo\n"), "applications[0].deployments[1].name", 6, `duplicate deployment name "dep" (also used by deployments[0])`},
-		{"num_replicas zero", withDeployment("        num_replicas: 0\n"), "applications[0].deployments[0].num_replicas", 6, "must be >= 1, got 0"},
+		{"num_replicas zero", withDeployment("        num_replicas: 0\n"), "applications[0].deployments[0].num_replicas", 6, "must be in [1, 10000], got 0"},
+		{"num_replicas huge", withDeployment("        num_replicas: 100000000\n"), "applications[0].deployments[0].num_replicas", 6, "must be in [1, 10000], got 100000000"},
 		{"max_ongoing_requests zero", withDeployment("        max_ongoing_requests: 0\n"), "applications[0].deployments[0].max_ongoing_requests", 6, "must be >= 1, got 0"},
 		{"max_queued_requests zero", withDeployment("        max_queued_requests: 0\n"), "applications[0].deployments[0].max_queued_requests", 6, "must be -1 (no limit) or >= 1, got 0"},
 		{"max_queued_requests below -1", withDeployment("        max_queued_requests: -2\n"), "applications[0].deployments[0].max_queued_requests", 6, "must be -1 (no limit) or >= 1, got -2"},
@@ -280,7 +281,7 @@ func TestValidate(t *testing.T) {
 		{"zero deployment", func(c *Config) { c.Applications[1].Deployments[0] = Deployment{} }, strings.Join([]string{
 			"applications[1].deployments[0].name: is required",
 			"applications[1].deployments[0].handler: is required",
-			"applications[1].deployments[0].num_replicas: must be >= 1, got 0",
+			"applications[1].deployments[0].num_replicas: must be in [1, 10000], got 0",
 			"applications[1].deployments[0].max_ongoing_requests: must be >= 1, got 0",
 			"applications[1].deployments[0].max_queued_requests: must be -1 (no limit) or >= 1, got 0",
 			"applications[1].deployments[0].health_check_period_s: must be > 0 and <= 9223372036 seconds, got 0",

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -100,6 +101,7 @@ func (p *Proxy) putGC(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.opts.Log.Info().Int("percent", s.Percent).Str("memory_limit", s.MemoryLimit).Msg("GC retuned through PUT /-/gc")
+	p.broadcastGC(r.Context(), s)
 	writeJSON(w, http.StatusOK, s)
 }
 
@@ -124,4 +126,26 @@ func (b gcUpdate) update() (gctune.Update, error) {
 		}
 	}
 	return u, nil
+}
+
+// broadcastGC sends the GC settings now in force to every replica (set_gc):
+// in-process replicas share the proxy's GC and take it as done; replicas
+// in processes of their own retune theirs. A failure is logged: the
+// proxy's own settings are in force either way.
+func (p *Proxy) broadcastGC(ctx context.Context, s gctune.State) {
+	payload, err := json.Marshal(s)
+	if err != nil {
+		p.opts.Log.Error().Err(err).Msg("encoding set_gc")
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
+	defer cancel()
+	for _, d := range p.deployments {
+		for _, r := range d.SetGC(ctx, payload) {
+			if r.Err != nil {
+				p.opts.Log.Warn().Str("application", d.App()).Str("deployment", d.Name()).Str("replica", r.Actor).
+					Err(r.Err).Msg("set_gc failed on a replica")
+			}
+		}
+	}
 }

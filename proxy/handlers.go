@@ -33,7 +33,8 @@ func (p *Proxy) Handler() http.Handler {
 }
 
 // AdminHandler returns the admin handler: /metrics from gatherer (the
-// proxy's own registry if nil), /-/healthz, /-/routes and Go's profiler
+// proxy's own registry if nil), /-/healthz, /-/routes, /-/applications
+// (GET; PUT .../user_config and .../num_replicas), /-/gc and Go's profiler
 // under /debug/pprof/. It belongs on a listener of its own, on loopback by
 // default.
 func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
@@ -44,6 +45,9 @@ func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 	r.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorLog: promLogger{p}}))
 	r.Get("/-/healthz", p.healthz)
 	r.Get("/-/routes", p.routes)
+	r.Get("/-/applications", p.getApplications)
+	r.With(p.requireToken).Put("/-/applications/{app}/deployments/{deployment}/user_config", p.putUserConfig)
+	r.With(p.requireToken).Put("/-/applications/{app}/deployments/{deployment}/num_replicas", p.putNumReplicas)
 	if p.opts.GC != nil {
 		r.Get("/-/gc", p.getGC)
 		r.With(p.requireToken).Put("/-/gc", p.putGC)

@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"context"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -195,6 +197,9 @@ func (c *histogramCount) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// statsTimeout bounds the stats broadcasts of one scrape.
+const statsTimeout = 5 * time.Second
+
 // stateCollector reads queue lengths, replica load, request counts and
 // health at scrape time, so that the request path pays nothing for them.
 type stateCollector struct {
@@ -211,6 +216,9 @@ var (
 	replicaRequestsDesc = prometheus.NewDesc("serve_deployment_request_counter_total",
 		"The number of requests processed by the replica.",
 		[]string{"application", "deployment", "replica", "route"}, nil)
+	peakDesc = prometheus.NewDesc("serve_replica_peak_processing_queries",
+		"The most requests the replica has processed at once since it started: never above its max_ongoing_requests.",
+		[]string{"application", "deployment", "replica"}, nil)
 	healthyDesc = prometheus.NewDesc("serve_deployment_replica_healthy",
 		"Whether the replica is healthy (1) or not (0).",
 		[]string{"application", "deployment", "replica"}, nil)
@@ -221,22 +229,30 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- queuedDesc
 	ch <- processingDesc
 	ch <- replicaRequestsDesc
+	ch <- peakDesc
 	ch <- healthyDesc
 }
 
-// Collect implements prometheus.Collector.
+// Collect implements prometheus.Collector. The replicas' counts come from
+// each deployment's stats broadcast, the controllers' one path to them.
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
+	defer cancel()
 	for _, d := range c.deployments {
 		app, name := d.App(), d.Name()
 		ch <- prometheus.MustNewConstMetric(queuedDesc, prometheus.GaugeValue, float64(d.Scheduler.Queued()), app, name)
-		for _, l := range d.Replicas() {
-			ch <- prometheus.MustNewConstMetric(processingDesc, prometheus.GaugeValue, float64(l.Ongoing()), app, name, l.ID())
-			ch <- prometheus.MustNewConstMetric(replicaRequestsDesc, prometheus.CounterValue, float64(l.Served()), app, name, l.ID(), d.route)
+		for _, s := range d.Stats(ctx) {
 			healthy := 0.0
-			if d.Healthy(l) {
+			if s.Healthy {
 				healthy = 1
 			}
-			ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, healthy, app, name, l.ID())
+			ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, healthy, app, name, s.ID)
+			if s.Error != "" {
+				continue // no counts from a replica that did not answer
+			}
+			ch <- prometheus.MustNewConstMetric(processingDesc, prometheus.GaugeValue, float64(s.Ongoing), app, name, s.ID)
+			ch <- prometheus.MustNewConstMetric(peakDesc, prometheus.GaugeValue, float64(s.Peak), app, name, s.ID)
+			ch <- prometheus.MustNewConstMetric(replicaRequestsDesc, prometheus.CounterValue, float64(s.Served), app, name, s.ID, d.route)
 		}
 	}
 }

@@ -27,6 +27,7 @@ type Deployment struct {
 	*replica.Deployment
 	Scheduler *router.Scheduler
 	route     string // the route prefix it is the ingress of; "" if none
+	maxQueued int    // max_queued_requests; < 0 means no limit
 }
 
 // NewDeployment builds a deployment's replicas and its scheduler, wired so
@@ -42,7 +43,7 @@ func NewDeployment(spec replica.DeploymentSpec, maxQueued int, log zerolog.Logge
 	if err != nil {
 		return nil, err
 	}
-	return &Deployment{Deployment: d, Scheduler: s}, nil
+	return &Deployment{Deployment: d, Scheduler: s, maxQueued: maxQueued}, nil
 }
 
 // Application is a set of deployments served under one route prefix; the

@@ -28,6 +28,9 @@ type testDeployment struct {
 	replicas    int
 	maxOngoing  int
 	maxQueued   int
+	// healthPeriod is health_check_period_s; an hour if zero.
+	healthPeriod time.Duration
+	userConfig   string
 }
 
 // testProxy is a proxy serving on loopback listeners.
@@ -75,10 +78,17 @@ func startProxyWith(t *testing.T, opts Options, so ServerOptions, deps ...testDe
 		if td.maxQueued == 0 {
 			td.maxQueued = -1
 		}
+		if td.healthPeriod == 0 {
+			td.healthPeriod = time.Hour
+		}
+		var userConfig json.RawMessage
+		if td.userConfig != "" {
+			userConfig = json.RawMessage(td.userConfig)
+		}
 		d, err := NewDeployment(replica.DeploymentSpec{
-			App: td.app, Name: td.app + "-dep", Factory: td.factory,
+			App: td.app, Name: td.app + "-dep", Factory: td.factory, UserConfig: userConfig,
 			NumReplicas: td.replicas, MaxOngoingRequests: td.maxOngoing,
-			HealthCheckPeriod: time.Hour, HealthCheckTimeout: time.Second,
+			HealthCheckPeriod: td.healthPeriod, HealthCheckTimeout: time.Second,
 			GracefulShutdownTimeout: 10 * time.Second,
 		}, td.maxQueued, opts.Log)
 		if err != nil {

@@ -45,6 +45,8 @@ type Local struct {
 	ongoing atomic.Int64
 	peak    atomic.Int64
 	served  atomic.Uint64
+	// checking is set while a health check runs (see checkHealth).
+	checking atomic.Bool
 
 	// release is built once so that TryAcquire allocates nothing.
 	release func()

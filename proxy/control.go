@@ -1,0 +1,215 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/serveproxy/serveproxy/config"
+	"github.com/serveproxy/serveproxy/replica"
+)
+
+// controlTimeout bounds an admin control call (reconfigure, scale) and the
+// broadcasts it makes.
+const controlTimeout = 30 * time.Second
+
+// The deployment statuses of GET /-/applications, as Serve names them.
+const (
+	statusHealthy   = "HEALTHY"   // every wanted replica runs and is healthy
+	statusUpdating  = "UPDATING"  // some healthy, fewer than num_replicas
+	statusUnhealthy = "UNHEALTHY" // none healthy
+)
+
+// applicationsStatus is GET /-/applications's answer.
+type applicationsStatus struct {
+	Applications []applicationStatus `json:"applications"`
+}
+
+type applicationStatus struct {
+	Name        string             `json:"name"`
+	RoutePrefix string             `json:"route_prefix"`
+	Status      string             `json:"status"` // RUNNING, DEPLOYING or UNHEALTHY
+	Deployments []deploymentStatus `json:"deployments"`
+}
+
+type deploymentStatus struct {
+	Name               string                  `json:"name"`
+	Status             string                  `json:"status"`
+	NumReplicas        int                     `json:"num_replicas"`
+	MaxOngoingRequests int                     `json:"max_ongoing_requests"`
+	MaxQueuedRequests  int                     `json:"max_queued_requests"`
+	Queued             int                     `json:"queued"`
+	UserConfig         json.RawMessage         `json:"user_config,omitempty"`
+	Replicas           []replica.ReplicaStatus `json:"replicas"`
+}
+
+// deploymentStatusOf asks d's replicas for their stats (one broadcast).
+func deploymentStatusOf(ctx context.Context, d *Deployment) deploymentStatus {
+	spec := d.Spec()
+	replicas := d.Stats(ctx)
+	healthy := 0
+	for _, r := range replicas {
+		if r.Healthy {
+			healthy++
+		}
+	}
+	status := statusUpdating
+	switch {
+	case healthy == 0:
+		status = statusUnhealthy
+	case healthy >= spec.NumReplicas:
+		status = statusHealthy
+	}
+	return deploymentStatus{
+		Name:               spec.Name,
+		Status:             status,
+		NumReplicas:        spec.NumReplicas,
+		MaxOngoingRequests: spec.MaxOngoingRequests,
+		MaxQueuedRequests:  d.maxQueued,
+		Queued:             d.Scheduler.Queued(),
+		UserConfig:         spec.UserConfig,
+		Replicas:           replicas,
+	}
+}
+
+// getApplications answers every application, deployment and replica.
+func (p *Proxy) getApplications(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), controlTimeout)
+	defer cancel()
+	out := applicationsStatus{Applications: []applicationStatus{}}
+	for _, app := range p.opts.Applications {
+		as := applicationStatus{Name: app.Name, RoutePrefix: app.RoutePrefix, Status: "RUNNING"}
+		for _, d := range app.Deployments {
+			ds := deploymentStatusOf(ctx, d)
+			switch {
+			case ds.Status == statusUnhealthy:
+				as.Status = "UNHEALTHY"
+			case ds.Status == statusUpdating && as.Status == "RUNNING":
+				as.Status = "DEPLOYING"
+			}
+			as.Deployments = append(as.Deployments, ds)
+		}
+		out.Applications = append(out.Applications, as)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// lookupDeployment finds the deployment named by the URL, or answers 404
+// naming what exists.
+func (p *Proxy) lookupDeployment(w http.ResponseWriter, r *http.Request) (*Deployment, bool) {
+	appName, depName := chi.URLParam(r, "app"), chi.URLParam(r, "deployment")
+	var apps []string
+	for _, app := range p.opts.Applications {
+		apps = append(apps, app.Name)
+		if app.Name != appName {
+			continue
+		}
+		var deps []string
+		for _, d := range app.Deployments {
+			if d.Name() == depName {
+				return d, true
+			}
+			deps = append(deps, d.Name())
+		}
+		writeJSONError(w, http.StatusNotFound, fmt.Errorf("application %q has no deployment %q (it has: %q)", appName, depName, deps))
+		return nil, false
+	}
+	slices.Sort(apps)
+	writeJSONError(w, http.StatusNotFound, fmt.Errorf("no application %q (there are: %q)", appName, apps))
+	return nil, false
+}
+
+// callResult is one replica's answer to a control call, as JSON.
+type callResult struct {
+	Replica string `json:"replica"`
+	OK      bool   `json:"ok"`
+	Error   string `json:"error,omitempty"`
+	// Replaced is set when the failure took the replica out of routing
+	// and a new one is being started in its place.
+	Replaced bool `json:"replaced,omitempty"`
+}
+
+// putUserConfig reconfigures every replica of a deployment with the body,
+// a JSON object, through one broadcast. Bad input changes nothing.
+func (p *Proxy) putUserConfig(w http.ResponseWriter, r *http.Request) {
+	d, ok := p.lookupDeployment(w, r)
+	if !ok {
+		return
+	}
+	var body json.RawMessage
+	if err := decodeJSON(r, &body); err != nil {
+		writeJSONError(w, http.StatusBadRequest, err)
+		return
+	}
+	if b := bytes.TrimSpace(body); len(b) == 0 || b[0] != '{' {
+		writeJSONError(w, http.StatusBadRequest, errors.New("user_config must be a JSON object"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), controlTimeout)
+	defer cancel()
+	results, err := d.Reconfigure(ctx, body)
+	out := struct {
+		Application string       `json:"application"`
+		Deployment  string       `json:"deployment"`
+		Error       string       `json:"error,omitempty"`
+		Results     []callResult `json:"results"`
+	}{Application: d.App(), Deployment: d.Name(), Results: make([]callResult, len(results))}
+	for i, res := range results {
+		out.Results[i] = callResult{Replica: res.Actor, OK: res.Err == nil}
+		if res.Err != nil {
+			out.Results[i].Error = res.Err.Error()
+			out.Results[i].Replaced = err == nil
+		}
+	}
+	status := http.StatusOK
+	if err != nil {
+		status = http.StatusUnprocessableEntity // nothing changed
+		out.Error = err.Error()
+	}
+	p.opts.Log.Info().Str("application", d.App()).Str("deployment", d.Name()).Int("status", status).
+		Msg("user_config changed through the admin API")
+	writeJSON(w, status, out)
+}
+
+// numReplicasBody is PUT .../num_replicas's body.
+type numReplicasBody struct {
+	NumReplicas *int `json:"num_replicas"`
+}
+
+// putNumReplicas scales a deployment live and answers its status.
+func (p *Proxy) putNumReplicas(w http.ResponseWriter, r *http.Request) {
+	d, ok := p.lookupDeployment(w, r)
+	if !ok {
+		return
+	}
+	var body numReplicasBody
+	if err := decodeJSON(r, &body); err != nil {
+		writeJSONError(w, http.StatusBadRequest, err)
+		return
+	}
+	if body.NumReplicas == nil {
+		writeJSONError(w, http.StatusBadRequest, errors.New(`give "num_replicas"`))
+		return
+	}
+	if n := *body.NumReplicas; n < 1 || n > config.MaxNumReplicas {
+		writeJSONError(w, http.StatusBadRequest, fmt.Errorf("num_replicas must be in [1, %d], got %d", config.MaxNumReplicas, n))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), controlTimeout)
+	defer cancel()
+	err := d.Scale(ctx, *body.NumReplicas)
+	p.opts.Log.Info().Str("application", d.App()).Str("deployment", d.Name()).Int("num_replicas", *body.NumReplicas).
+		AnErr("error", err).Msg("num_replicas changed through the admin API")
+	if err != nil {
+		writeJSONError(w, http.StatusInternalServerError, fmt.Errorf("num_replicas is %d, but starting a replica failed (retried each health period): %w", *body.NumReplicas, err))
+		return
+	}
+	writeJSON(w, http.StatusOK, deploymentStatusOf(ctx, d))
+}

@@ -1,0 +1,366 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/serveproxy/serveproxy/replica"
+)
+
+// load sends GETs to url from c goroutines until stop is called (or a
+// bound on count or time is hit), and counts the answers that were not a
+// 200 with a body allowed by ok.
+type load struct {
+	sent, failed atomic.Int64
+	firstFailure atomic.Value // string
+	done         chan struct{}
+	wg           sync.WaitGroup
+}
+
+func startLoad(t *testing.T, url string, c int, ok func(body string) bool) *load {
+	t.Helper()
+	const maxRequests, maxTime = 200_000, 60 * time.Second
+	l := &load{done: make(chan struct{})}
+	deadline := time.Now().Add(maxTime)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c}, Timeout: 10 * time.Second}
+	for range c {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for l.sent.Add(1) <= maxRequests && time.Now().Before(deadline) {
+				select {
+				case <-l.done:
+					return
+				default:
+				}
+				resp, err := client.Get(url)
+				if err != nil {
+					l.fail(err.Error())
+					continue
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || !ok(string(b)) {
+					l.fail(fmt.Sprintf("%d %q", resp.StatusCode, b))
+				}
+			}
+		}()
+	}
+	t.Cleanup(func() { l.stop(); client.CloseIdleConnections() })
+	return l
+}
+
+// waitSent waits until n more requests have been sent, so that a change
+// made next happens under traffic.
+func (l *load) waitSent(t *testing.T, n int64) {
+	t.Helper()
+	target := l.sent.Load() + n
+	waitFor(t, fmt.Sprintf("%d requests of load", n), func() bool { return l.sent.Load() >= target })
+}
+
+func (l *load) fail(what string) {
+	l.failed.Add(1)
+	l.firstFailure.CompareAndSwap(nil, what)
+}
+
+// stop ends the load and returns how many requests failed, and the first.
+func (l *load) stop() (int64, string) {
+	select {
+	case <-l.done:
+	default:
+		close(l.done)
+	}
+	l.wg.Wait()
+	first, _ := l.firstFailure.Load().(string)
+	return l.failed.Load(), first
+}
+
+func anyBody(string) bool { return true }
+
+func getApplications(t *testing.T, tp *testProxy) applicationsStatus {
+	t.Helper()
+	resp, body := get(t, tp.adminURL+"/-/applications")
+	var out applicationsStatus
+	if err := json.Unmarshal([]byte(body), &out); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET /-/applications = %d %s (%v)", resp.StatusCode, body, err)
+	}
+	return out
+}
+
+// putJSON sends a PUT and decodes a JSON answer into v (if not nil).
+func putJSON(t *testing.T, url, body string, v any) int {
+	t.Helper()
+	code, got := put(t, url, body, "")
+	if v != nil {
+		if err := json.Unmarshal([]byte(got), v); err != nil {
+			t.Fatalf("PUT %s: %d %s: %v", url, code, got, err)
+		}
+	}
+	return code
+}
+
+type reconfigureAnswer struct {
+	Error   string       `json:"error"`
+	Results []callResult `json:"results"`
+}
+
+func newStatic(userConfig json.RawMessage) (replica.Handler, error) { return replica.NewStatic(userConfig) }
+
+func TestReconfigureReachesEveryReplica(t *testing.T) {
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: newStatic, replicas: 4, maxOngoing: 10, userConfig: `{"body":"v1"}`})
+	l := startLoad(t, tp.url+"/", 8, func(b string) bool { return b == "v1" || b == "v2" })
+	l.waitSent(t, 200)
+
+	var ans reconfigureAnswer
+	if code := putJSON(t, tp.adminURL+"/-/applications/a/deployments/a-dep/user_config", `{"body":"v2"}`, &ans); code != 200 || len(ans.Results) != 4 {
+		t.Fatalf("PUT user_config = %d %+v", code, ans)
+	}
+	for _, r := range ans.Results {
+		if !r.OK {
+			t.Fatalf("replica %s: %s", r.Replica, r.Error)
+		}
+	}
+	l.waitSent(t, 200)
+	if failed, first := l.stop(); failed > 0 {
+		t.Fatalf("%d requests failed while reconfiguring; first: %s", failed, first)
+	}
+	for i := range 200 {
+		if resp, body := get(t, tp.url+"/"); resp.StatusCode != 200 || body != "v2" {
+			t.Fatalf("request %d after reconfigure = %d %q, want 200 v2", i, resp.StatusCode, body)
+		}
+	}
+	dep := getApplications(t, tp).Applications[0].Deployments[0]
+	var uc bytes.Buffer
+	_ = json.Compact(&uc, dep.UserConfig)
+	if uc.String() != `{"body":"v2"}` || dep.Status != statusHealthy || len(dep.Replicas) != 4 {
+		t.Fatalf("after reconfigure: %+v", dep)
+	}
+}
+
+// picky is a static handler whose first replica rejects every new config.
+type picky struct {
+	*replica.Static
+	reject bool
+}
+
+func (p picky) Reconfigure(ctx context.Context, userConfig json.RawMessage) error {
+	if p.reject {
+		return errors.New("this replica is picky")
+	}
+	return p.Static.Reconfigure(ctx, userConfig)
+}
+
+func TestReconfigureFailureIsReplaced(t *testing.T) {
+	var built atomic.Int32
+	factory := func(userConfig json.RawMessage) (replica.Handler, error) {
+		h, err := replica.NewStatic(userConfig)
+		if err != nil {
+			return nil, err
+		}
+		return picky{Static: h.(*replica.Static), reject: built.Add(1) == 1}, nil
+	}
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: factory, replicas: 3, userConfig: `{"body":"v1"}`})
+	var ans reconfigureAnswer
+	if code := putJSON(t, tp.adminURL+"/-/applications/a/deployments/a-dep/user_config", `{"body":"v2"}`, &ans); code != 200 {
+		t.Fatalf("PUT user_config = %d %+v", code, ans)
+	}
+	var bad string
+	for _, r := range ans.Results {
+		if !r.OK {
+			if bad != "" || !r.Replaced || !strings.Contains(r.Error, "picky") {
+				t.Fatalf("results: %+v", ans.Results)
+			}
+			bad = r.Replica
+		}
+	}
+	if bad == "" {
+		t.Fatalf("no replica reported its failure: %+v", ans.Results)
+	}
+	// The replacement runs the new config; the picky one is gone.
+	waitFor(t, "the failed replica replaced", func() bool {
+		dep := getApplications(t, tp).Applications[0].Deployments[0]
+		running := 0
+		for _, r := range dep.Replicas {
+			if r.ID == bad && r.State != replica.StateStopped && r.State != replica.StateDraining {
+				return false
+			}
+			if r.State == replica.StateRunning {
+				running++
+			}
+		}
+		return running == 3
+	})
+	for range 50 {
+		if _, body := get(t, tp.url+"/"); body != "v2" {
+			t.Fatalf("after reconfigure: %q, want v2", body)
+		}
+	}
+}
+
+func TestReconfigureRejectedChangesNothing(t *testing.T) {
+	tp := startProxy(t, Options{},
+		testDeployment{app: "a", prefix: "/a", factory: newStatic, replicas: 2, userConfig: `{"body":"v1"}`},
+		testDeployment{app: "e", prefix: "/e", factory: func(c json.RawMessage) (replica.Handler, error) { return replica.NewEcho(c) }})
+	before := getApplications(t, tp)
+
+	var ans reconfigureAnswer
+	// The static handler knows no field "colour": every replica rejects it.
+	if code := putJSON(t, tp.adminURL+"/-/applications/a/deployments/a-dep/user_config", `{"colour":"red"}`, &ans); code != 422 ||
+		!strings.Contains(ans.Error, "every replica rejected") || !strings.Contains(ans.Error, "colour") {
+		t.Fatalf("PUT a bad user_config = %d %+v", code, ans)
+	}
+	// Echo takes no user_config at all.
+	if code := putJSON(t, tp.adminURL+"/-/applications/e/deployments/e-dep/user_config", `{"x":1}`, &ans); code != 422 ||
+		!strings.Contains(ans.Error, "no Reconfigure method") {
+		t.Fatalf("PUT user_config to echo = %d %+v", code, ans)
+	}
+	after := getApplications(t, tp)
+	for i, app := range after.Applications {
+		for j, dep := range app.Deployments {
+			was := before.Applications[i].Deployments[j]
+			if string(dep.UserConfig) != string(was.UserConfig) || len(dep.Replicas) != len(was.Replicas) || dep.Replicas[0].ID != was.Replicas[0].ID {
+				t.Fatalf("rejected config changed %s: %+v, was %+v", app.Name, dep, was)
+			}
+		}
+	}
+	if _, body := get(t, tp.url+"/a"); body != "v1" {
+		t.Fatalf("after a rejected config: %q, want v1", body)
+	}
+}
+
+func TestScaleLiveUnderLoad(t *testing.T) {
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: static("hi"), replicas: 2, maxOngoing: 4})
+	l := startLoad(t, tp.url+"/", 8, func(b string) bool { return b == "hi" })
+	l.waitSent(t, 300)
+	url := tp.adminURL + "/-/applications/a/deployments/a-dep/num_replicas"
+	running := func() int {
+		n := 0
+		for _, r := range getApplications(t, tp).Applications[0].Deployments[0].Replicas {
+			if r.State == replica.StateRunning {
+				n++
+			}
+		}
+		return n
+	}
+
+	for _, n := range []int{6, 1, 3} {
+		var ds deploymentStatus
+		if code := putJSON(t, url, fmt.Sprintf(`{"num_replicas": %d}`, n), &ds); code != 200 || ds.NumReplicas != n {
+			t.Fatalf("PUT num_replicas %d = %d %+v", n, code, ds)
+		}
+		if got := running(); got != n {
+			t.Fatalf("after scaling to %d: %d running", n, got)
+		}
+		l.waitSent(t, 300) // traffic on the new set
+	}
+	if failed, first := l.stop(); failed > 0 {
+		t.Fatalf("%d of %d requests failed while scaling; first: %s", failed, l.sent.Load(), first)
+	}
+	waitFor(t, "the drained replicas gone", func() bool {
+		return len(getApplications(t, tp).Applications[0].Deployments[0].Replicas) == 3
+	})
+}
+
+func TestControlEndpointsBadInput(t *testing.T) {
+	tp := startProxy(t, Options{AdminToken: "s3cret"}, testDeployment{app: "a", prefix: "/", factory: newStatic, replicas: 2, userConfig: `{"body":"v1"}`})
+	base := tp.adminURL + "/-/applications/"
+	before := getApplications(t, tp)
+	for _, c := range []struct {
+		path, body, token string
+		code              int
+		want              string
+	}{
+		{"nope/deployments/a-dep/user_config", `{}`, "s3cret", 404, `no application \"nope\"`},
+		{"a/deployments/nope/user_config", `{}`, "s3cret", 404, `has no deployment \"nope\"`},
+		{"a/deployments/a-dep/user_config", `{"body":`, "s3cret", 400, "invalid JSON"},
+		{"a/deployments/a-dep/user_config", `["v2"]`, "s3cret", 400, "must be a JSON object"},
+		{"a/deployments/a-dep/user_config", `{"body":"v2"} {}`, "s3cret", 400, "more than one value"},
+		{"a/deployments/a-dep/user_config", `{"body":"v2"}`, "", 401, "Bearer"},
+		{"a/deployments/a-dep/num_replicas", `{"num_replicas": 0}`, "s3cret", 400, "must be in [1, 10000], got 0"},
+		{"a/deployments/a-dep/num_replicas", `{"num_replicas": 100000000}`, "s3cret", 400, "got 100000000"},
+		{"a/deployments/a-dep/num_replicas", `{"num_replicas": "3"}`, "s3cret", 400, "invalid JSON"},
+		{"a/deployments/a-dep/num_replicas", `{"replicas": 3}`, "s3cret", 400, "unknown field"},
+		{"a/deployments/a-dep/num_replicas", `{}`, "s3cret", 400, `give \"num_replicas\"`},
+		{"nope/deployments/a-dep/num_replicas", `{"num_replicas": 3}`, "s3cret", 404, "no application"},
+		{"a/deployments/a-dep/num_replicas", `{"num_replicas": 3}`, "", 401, "Bearer"},
+	} {
+		code, body := put(t, base+c.path, c.body, c.token)
+		if code != c.code || !strings.Contains(body, c.want) {
+			t.Errorf("PUT %s %s = %d %s, want %d with %q", c.path, c.body, code, body, c.code, c.want)
+		}
+	}
+	after := getApplications(t, tp)
+	b, _ := json.Marshal(before)
+	a, _ := json.Marshal(after)
+	if string(a) != string(b) {
+		t.Fatalf("bad input changed the deployment:\n before %s\n after  %s", b, a)
+	}
+}
+
+// sickly fails its health checks once sick is set.
+type sickly struct {
+	replica.Handler
+	sick *atomic.Bool
+}
+
+func (s sickly) CheckHealth(context.Context) error {
+	if s.sick.Load() {
+		return errors.New("out of memory, say")
+	}
+	return nil
+}
+
+func TestUnhealthyReplicaReplacedUnderLoad(t *testing.T) {
+	var built atomic.Int32
+	var sick atomic.Bool
+	factory := func(json.RawMessage) (replica.Handler, error) {
+		h, _ := replica.NewStatic(json.RawMessage(`{"body":"hi"}`))
+		flag := new(atomic.Bool)
+		if built.Add(1) == 1 {
+			flag = &sick // only the first replica falls ill
+		}
+		return sickly{h, flag}, nil
+	}
+	logs := &syncBuffer{}
+	tp := startProxy(t, Options{Log: zerolog.New(logs)},
+		testDeployment{app: "a", prefix: "/", factory: factory, replicas: 3, healthPeriod: 100 * time.Millisecond})
+	first := tp.Deployments()[0].Replicas()[0].ID()
+	l := startLoad(t, tp.url+"/", 8, func(b string) bool { return b == "hi" })
+	l.waitSent(t, 300)
+	sick.Store(true)
+
+	// Its first failed check shows at once in the metrics; after three it
+	// leaves routing and a new replica takes its place.
+	waitFor(t, "serve_deployment_replica_healthy 0", func() bool {
+		_, body := get(t, tp.adminURL+"/metrics")
+		return strings.Contains(body, fmt.Sprintf(`serve_deployment_replica_healthy{application="a",deployment="a-dep",replica=%q} 0`, first))
+	})
+	waitFor(t, "the unhealthy replica replaced", func() bool {
+		reps := tp.Deployments()[0].Replicas()
+		for _, r := range reps {
+			if r.ID() == first {
+				return false
+			}
+		}
+		return len(reps) == 3
+	})
+	l.waitSent(t, 300)
+	if failed, first := l.stop(); failed > 0 {
+		t.Fatalf("%d of %d requests failed while a replica was replaced; first: %s", failed, l.sent.Load(), first)
+	}
+	if log := logs.String(); !strings.Contains(log, "replica unhealthy: taken out of routing") || !strings.Contains(log, first) {
+		t.Fatalf("no log line names the unhealthy replica:\n%s", log)
+	}
+}

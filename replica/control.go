@@ -1,0 +1,140 @@
+package replica
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// The control calls a deployment controller broadcasts to its replicas
+// through its Pool: the methods every replica actor answers.
+const (
+	// MethodCheckHealth runs the replica's health check; no payload. A
+	// nil error is healthy.
+	MethodCheckHealth = "check_health"
+	// MethodReconfigure gives the replica a new user_config, the payload
+	// (JSON).
+	MethodReconfigure = "reconfigure"
+	// MethodStats answers the replica's Stats as JSON; no payload.
+	MethodStats = "stats"
+	// MethodDrain makes the replica take no new requests and returns once
+	// the ones it has are done (or ctx ends); no payload.
+	MethodDrain = "drain"
+	// MethodSetGC retunes the garbage collector of the replica's process;
+	// the payload is a gctune update as JSON.
+	MethodSetGC = "set_gc"
+)
+
+var (
+	// ErrNotReconfigurable is a replica's answer to MethodReconfigure when
+	// its handler has no Reconfigure method, so it cannot take a user_config.
+	ErrNotReconfigurable = errors.New("the handler takes no user_config (it has no Reconfigure method)")
+	// ErrUnknownMethod is a replica's answer to a control method it does not
+	// know.
+	ErrUnknownMethod = errors.New("unknown control method")
+	// ErrCheckInFlight is a replica's answer to MethodCheckHealth while its
+	// previous check is still running: a hung check counts as a failure
+	// each period, and costs one goroutine, not one per period.
+	ErrCheckInFlight = errors.New("the previous health check has not returned")
+)
+
+// Stats is a replica's answer to MethodStats: its own counts.
+type Stats struct {
+	ID    string `json:"id"`
+	State State  `json:"state"`
+	// Ongoing is how many requests the replica is running now.
+	Ongoing int `json:"ongoing"`
+	// Queued is how many requests wait at the replica itself for a slot:
+	// always 0 in process, where requests wait in the router's queue.
+	Queued int `json:"queued"`
+	// Peak is the most requests the replica has run at once.
+	Peak int `json:"peak"`
+	// MaxOngoing is the replica's max_ongoing_requests.
+	MaxOngoing int `json:"max_ongoing_requests"`
+	// Served is how many requests the replica has run.
+	Served uint64 `json:"served"`
+}
+
+// MarshalText implements encoding.TextMarshaler: a state is its name.
+func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *State) UnmarshalText(b []byte) error {
+	for st := StateStarting; st <= StateStopped; st++ {
+		if st.String() == string(b) {
+			*s = st
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown replica state %q", b)
+}
+
+var _ Actor = (*Local)(nil)
+
+// Host implements Actor: "", an in-process actor.
+func (l *Local) Host() string { return "" }
+
+// Call implements Actor: it answers the control methods (MethodCheckHealth
+// and the others). The caller, the Pool, turns a panic into a *PanicError.
+func (l *Local) Call(ctx context.Context, method string, payload []byte) ([]byte, error) {
+	switch method {
+	case MethodCheckHealth:
+		return nil, l.checkHealth(ctx)
+	case MethodReconfigure:
+		rc, ok := l.handler.(Reconfigurer)
+		if !ok {
+			return nil, ErrNotReconfigurable
+		}
+		return nil, rc.Reconfigure(ctx, payload)
+	case MethodStats:
+		return json.Marshal(l.Stats())
+	case MethodDrain:
+		return nil, l.drain(ctx)
+	case MethodSetGC:
+		// An in-process replica shares the proxy's garbage collector,
+		// which the proxy tunes itself (PUT /-/gc).
+		return nil, nil
+	}
+	return nil, fmt.Errorf("%w %q", ErrUnknownMethod, method)
+}
+
+// Stats returns the replica's own counts.
+func (l *Local) Stats() Stats {
+	return Stats{
+		ID:         l.id,
+		State:      l.State(),
+		Ongoing:    l.Ongoing(),
+		Peak:       l.Peak(),
+		MaxOngoing: l.MaxOngoing(),
+		Served:     l.Served(),
+	}
+}
+
+// checkHealth runs the handler's health check, if it has one: a handler
+// without one is healthy while it runs.
+func (l *Local) checkHealth(ctx context.Context) error {
+	hc, ok := l.handler.(HealthChecker)
+	if !ok {
+		return nil
+	}
+	if !l.checking.CompareAndSwap(false, true) {
+		return ErrCheckInFlight
+	}
+	defer l.checking.Store(false)
+	return hc.CheckHealth(ctx)
+}
+
+// drain stops the replica taking requests and waits for the ones it holds;
+// once they are done it is stopped.
+func (l *Local) drain(ctx context.Context) error {
+	if l.State() == StateStopped {
+		return nil
+	}
+	l.SetState(StateDraining)
+	if err := waitIdle(ctx, l); err != nil {
+		return err
+	}
+	l.SetState(StateStopped)
+	return nil
+}
