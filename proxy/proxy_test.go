@@ -280,9 +280,9 @@ func TestLimitNeverExceeded(t *testing.T) {
 					t.Fatalf("a handler saw %d concurrent requests, limit %d", p.Load(), max)
 				}
 			}
-			for _, l := range tp.Deployments()[0].Replicas() {
-				if l.Peak() > max {
-					t.Fatalf("replica %s peaked at %d, limit %d", l.ID(), l.Peak(), max)
+			for _, s := range tp.Deployments()[0].Stats(context.Background()) {
+				if s.Error != "" || s.Peak > max {
+					t.Fatalf("replica %s peaked at %d, limit %d (%s)", s.ID, s.Peak, max, s.Error)
 				}
 			}
 		})

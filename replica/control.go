@@ -70,7 +70,20 @@ func (s *State) UnmarshalText(b []byte) error {
 	return fmt.Errorf("unknown replica state %q", b)
 }
 
-var _ Actor = (*Local)(nil)
+// Replica is what a deployment controller manages: a Handle the router
+// routes requests to, an Actor the pool sends control calls to, and a
+// place in the life cycle.
+type Replica interface {
+	Handle
+	Actor
+	// State returns where the replica is in its life cycle.
+	State() State
+	// SetState moves the replica to s; only a running replica takes
+	// requests.
+	SetState(s State)
+}
+
+var _ Replica = (*Local)(nil)
 
 // Host implements Actor: "", an in-process actor.
 func (l *Local) Host() string { return "" }

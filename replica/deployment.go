@@ -63,9 +63,9 @@ type Deployment struct {
 	// mu guards every field below.
 	mu       sync.Mutex
 	spec     DeploymentSpec // NumReplicas and UserConfig change live
-	replicas []*Local       // in routing order; the running ones take requests
-	retired  []*Local       // taken out of routing, finishing their requests
-	failures map[*Local]int // consecutive failed health checks
+	replicas []Replica       // in routing order; the running ones take requests
+	retired  []Replica       // taken out of routing, finishing their requests
+	failures map[Replica]int // consecutive failed health checks
 	// pool holds replicas and retired, in that order: rebuilt (cheaply)
 	// whenever they change, so a Broadcast reads a fixed membership.
 	pool *Pool
@@ -80,7 +80,7 @@ type Deployment struct {
 // NewDeployment builds spec.NumReplicas replicas, each with its own Handler
 // from spec.Factory. They take requests once Start is called.
 func NewDeployment(spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
-	d := &Deployment{spec: spec, hooks: hooks, failures: make(map[*Local]int)}
+	d := &Deployment{spec: spec, hooks: hooks, failures: make(map[Replica]int)}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	for range spec.NumReplicas {
 		l, err := d.newReplica(spec.UserConfig)
@@ -95,7 +95,7 @@ func NewDeployment(spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
 
 // newReplica builds a replica with the user's factory; a panic in the
 // factory is an error, not a crash.
-func (d *Deployment) newReplica(userConfig json.RawMessage) (l *Local, err error) {
+func (d *Deployment) newReplica(userConfig json.RawMessage) (r Replica, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = fmt.Errorf("application %q deployment %q: handler factory panicked: %v", d.spec.App, d.spec.Name, v)
@@ -155,7 +155,7 @@ func (d *Deployment) Start() {
 
 // Replicas returns the deployment's replicas in routing order, without
 // the retired ones still draining.
-func (d *Deployment) Replicas() []*Local {
+func (d *Deployment) Replicas() []Replica {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return slices.Clone(d.replicas)
@@ -205,7 +205,7 @@ func (d *Deployment) rebuildPoolLocked() {
 // broadcastTo sends c to the given replicas through the pool and returns
 // their results in the same order. The pool is read under d.mu, after the
 // caller chose the replicas, so all of them are in it.
-func (d *Deployment) broadcastTo(ctx context.Context, c Call, pool *Pool, targets []*Local) []Result {
+func (d *Deployment) broadcastTo(ctx context.Context, c Call, pool *Pool, targets []Replica) []Result {
 	ids := make([]string, len(targets))
 	for i, l := range targets {
 		ids[i] = l.ID()
@@ -336,7 +336,7 @@ func (d *Deployment) SetGC(ctx context.Context, payload []byte) []Result {
 // retireLocked takes l out of routing and drains it in the background
 // (MethodDrain through the pool), for up to graceful_shutdown_timeout_s or
 // until Stop. d.mu must be held.
-func (d *Deployment) retireLocked(old *Local) {
+func (d *Deployment) retireLocked(old Replica) {
 	i := slices.Index(d.replicas, old)
 	if i < 0 {
 		return // retired already
@@ -441,7 +441,7 @@ func (d *Deployment) Stop(ctx context.Context) error {
 
 // waitIdle polls until l holds no request or ctx is done. Polling is fine:
 // it runs only while stopping a replica.
-func waitIdle(ctx context.Context, l *Local) error {
+func waitIdle(ctx context.Context, l Handle) error {
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
 	for l.Ongoing() > 0 {

@@ -30,7 +30,7 @@ func (d *Deployment) healthLoop(ctx context.Context) {
 // round fails at once (ErrCheckInFlight), as a hung check should.
 func (d *Deployment) checkHealth(ctx context.Context) {
 	d.mu.Lock()
-	var targets []*Local
+	var targets []Replica
 	for _, l := range d.replicas {
 		if l.State() == StateRunning {
 			targets = append(targets, l)
@@ -54,7 +54,7 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 
 // recordHealth counts a check's result; the unhealthyAfter-th failure in a
 // row takes the replica out of routing (topUp replaces it).
-func (d *Deployment) recordHealth(l *Local, err error) {
+func (d *Deployment) recordHealth(l Replica, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	log := d.log().With().Str("replica", l.ID()).Logger()
