@@ -116,7 +116,9 @@ type reconfigureAnswer struct {
 	Results []callResult `json:"results"`
 }
 
-func newStatic(userConfig json.RawMessage) (replica.Handler, error) { return replica.NewStatic(userConfig) }
+func newStatic(userConfig json.RawMessage) (replica.Handler, error) {
+	return replica.NewStatic(userConfig)
+}
 
 func TestReconfigureReachesEveryReplica(t *testing.T) {
 	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: newStatic, replicas: 4, maxOngoing: 10, userConfig: `{"body":"v1"}`})

@@ -62,7 +62,7 @@ type Deployment struct {
 
 	// mu guards every field below.
 	mu       sync.Mutex
-	spec     DeploymentSpec // NumReplicas and UserConfig change live
+	spec     DeploymentSpec  // NumReplicas and UserConfig change live
 	replicas []Replica       // in routing order; the running ones take requests
 	retired  []Replica       // taken out of routing, finishing their requests
 	failures map[Replica]int // consecutive failed health checks
