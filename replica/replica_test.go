@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,7 +17,13 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(childModeEnv); mode != "" {
+		runChild(mode) // the test binary as a replica process (process_test.go)
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func TestLocalLimit(t *testing.T) {
 	l := NewLocal("r", nil, 2, nil)

@@ -1,0 +1,177 @@
+package replica
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// ProcessOptions configure StartProcess.
+type ProcessOptions struct {
+	// Command is the program and its arguments (handler: command).
+	Command []string
+	// Dir is the working directory. If empty, the proxy's.
+	Dir string
+	// Env is added to the proxy's environment, after it; PORT and
+	// REPLICA_ID are set last and win.
+	Env []string
+	// Log receives the process's stdout and stderr, a line per event,
+	// with its replica id. The zero Logger drops them.
+	Log zerolog.Logger
+}
+
+// maxLogLine bounds one line of a replica's output in the log; longer
+// lines are cut (and marked), not buffered without bound.
+const maxLogLine = 64 << 10
+
+// Process is a replica process the proxy started: one HTTP server
+// listening on 127.0.0.1:Port. It runs in a process group of its own, so
+// that stopping it stops what it spawned too, and on Linux it dies with
+// the proxy.
+type Process struct {
+	id   string
+	port int
+	cmd  *exec.Cmd
+
+	done    chan struct{} // closed once the process has exited and its output is logged
+	exitErr error         // how it exited; read after done
+}
+
+// StartProcess starts o.Command with PORT (a free loopback port) and
+// REPLICA_ID=id in its environment. It does not wait for the server to
+// listen: health-check it for that.
+func StartProcess(id string, o ProcessOptions) (*Process, error) {
+	if len(o.Command) == 0 || o.Command[0] == "" {
+		return nil, errors.New("command: no program given")
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, fmt.Errorf("command: finding a free port: %w", err)
+	}
+	cmd := exec.Command(o.Command[0], o.Command[1:]...)
+	cmd.Dir = o.Dir
+	cmd.Env = append(append(os.Environ(), o.Env...), "PORT="+strconv.Itoa(port), "REPLICA_ID="+id)
+	cmd.SysProcAttr = processAttr()
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("command %q: %w", o.Command[0], err)
+	}
+	p := &Process{id: id, port: port, cmd: cmd, done: make(chan struct{})}
+	log := o.Log.With().Str("replica", id).Int("pid", cmd.Process.Pid).Logger()
+	var output sync.WaitGroup
+	for _, s := range []struct {
+		name string
+		r    io.Reader
+	}{{"stdout", stdout}, {"stderr", stderr}} {
+		output.Add(1)
+		go func() {
+			defer output.Done()
+			logLines(&log, s.name, s.r)
+		}()
+	}
+	go func() {
+		output.Wait() // Wait closes the pipes: read them to the end first
+		p.exitErr = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// logLines logs each line read from r, until EOF.
+func logLines(log *zerolog.Logger, stream string, r io.Reader) {
+	br := bufio.NewReaderSize(r, 4096)
+	for {
+		line, err := br.ReadSlice('\n')
+		cut := errors.Is(err, bufio.ErrBufferFull)
+		if len(line) > 0 {
+			if line[len(line)-1] == '\n' {
+				line = line[:len(line)-1]
+			}
+			e := log.Info().Str("stream", stream)
+			if cut {
+				e = e.Bool("continued", true) // the line goes on in the next event
+			}
+			e.Bytes("line", line).Msg("replica output")
+		}
+		if err != nil && !cut {
+			return
+		}
+	}
+}
+
+// freePort returns a loopback TCP port that was free a moment ago. The
+// process binds it itself; a race with another program is possible but
+// rare, and shows as a start that fails its health check.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ID returns the replica id the process was given.
+func (p *Process) ID() string { return p.id }
+
+// Pid returns the process id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// URL returns the base URL the process serves on.
+func (p *Process) URL() string { return "http://127.0.0.1:" + strconv.Itoa(p.port) }
+
+// Done is closed when the process has exited.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// ExitError returns how the process exited (nil for status 0); call it
+// after Done is closed.
+func (p *Process) ExitError() error { return p.exitErr }
+
+// Stop sends SIGTERM to the process group, waits up to grace (or ctx) for
+// the process to exit, then sends SIGKILL. It returns once the process has
+// exited; the error says how it exited if that was not by our signal.
+func (p *Process) Stop(ctx context.Context, grace time.Duration) error {
+	select {
+	case <-p.done:
+		return p.exitErr
+	default:
+	}
+	p.signal(syscall.SIGTERM)
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return nil
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	p.signal(syscall.SIGKILL)
+	<-p.done
+	return nil
+}
+
+// signal signals the process's group, or the process alone where groups
+// are not used.
+func (p *Process) signal(sig syscall.Signal) {
+	if signalGroup(p.cmd.Process.Pid, sig) != nil {
+		_ = p.cmd.Process.Signal(sig)
+	}
+}

@@ -1,0 +1,181 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// childModeEnv makes the test binary run as a replica process instead of
+// the tests: "serve" answers REPLICA_ID on PORT, "stubborn" does too but
+// ignores SIGTERM, "crash" exits with status 3 at once.
+const childModeEnv = "REPLICA_TEST_CHILD"
+
+func runChild(mode string) {
+	if mode == "crash" {
+		fmt.Fprintln(os.Stderr, "cannot load the model")
+		os.Exit(3)
+	}
+	if mode == "stubborn" {
+		signal.Ignore(syscall.SIGTERM)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:"+os.Getenv("PORT"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Println("listening on", l.Addr())
+	fmt.Fprintln(os.Stderr, "a line on stderr")
+	id := os.Getenv("REPLICA_ID")
+	_ = http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, id) }))
+}
+
+// childCommand is the test binary, to be run in mode.
+func childCommand(t *testing.T, mode string) ProcessOptions {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ProcessOptions{Command: []string{exe}, Env: []string{childModeEnv + "=" + mode}}
+}
+
+func TestProcessServesAndStops(t *testing.T) {
+	logs := &processLog{}
+	o := childCommand(t, "serve")
+	o.Log = zerolog.New(logs)
+	p, err := StartProcess("dep#abcdef", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(p.URL() + "/")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body = string(b)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the process never served: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	http.DefaultClient.CloseIdleConnections()
+	if body != "dep#abcdef" {
+		t.Fatalf("REPLICA_ID seen by the process = %q", body)
+	}
+	start := time.Now()
+	if err := p.Stop(context.Background(), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("stopping on SIGTERM took %v", took)
+	}
+	got := logs.String()
+	for _, want := range []string{`"replica":"dep#abcdef"`, `"stream":"stdout","line":"listening on 127.0.0.1:`, `"stream":"stderr","line":"a line on stderr"`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("log lacks %s:\n%s", want, got)
+		}
+	}
+}
+
+func TestProcessKilledAfterGrace(t *testing.T) {
+	p, err := StartProcess("r", childCommand(t, "stubborn"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitListening(t, p)
+	start := time.Now()
+	_ = p.Stop(context.Background(), 200*time.Millisecond)
+	if took := time.Since(start); took < 200*time.Millisecond || took > 10*time.Second {
+		t.Fatalf("stop of a process ignoring SIGTERM took %v, want the 200ms grace then SIGKILL", took)
+	}
+	var exit *os.ProcessState
+	if ee := (*exec.ExitError)(nil); errors.As(p.ExitError(), &ee) {
+		exit = ee.ProcessState
+	}
+	if exit == nil || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("exit = %v, want killed by SIGKILL", p.ExitError())
+	}
+}
+
+func TestProcessCrash(t *testing.T) {
+	logs := &processLog{}
+	o := childCommand(t, "crash")
+	o.Log = zerolog.New(logs)
+	p, err := StartProcess("r", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a crashing process never exited")
+	}
+	if err := p.ExitError(); err == nil || !strings.Contains(err.Error(), "exit status 3") {
+		t.Fatalf("exit = %v, want status 3", err)
+	}
+	if !strings.Contains(logs.String(), "cannot load the model") {
+		t.Fatalf("its stderr is not in the log: %s", logs.String())
+	}
+}
+
+func TestProcessBadCommand(t *testing.T) {
+	if _, err := StartProcess("r", ProcessOptions{}); err == nil || !strings.Contains(err.Error(), "no program") {
+		t.Fatalf("empty command: %v", err)
+	}
+	if _, err := StartProcess("r", ProcessOptions{Command: []string{"/nonexistent/server"}}); err == nil || !strings.Contains(err.Error(), "/nonexistent/server") {
+		t.Fatalf("missing program: %v", err)
+	}
+}
+
+// waitListening waits (bounded) until p accepts connections.
+func waitListening(t *testing.T, p *Process) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", strings.TrimPrefix(p.URL(), "http://"))
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process never listened: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// processLog is a log sink safe for the output goroutines of a process.
+type processLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *processLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *processLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
