@@ -103,7 +103,50 @@ type Deployment struct {
 	// UserConfig is passed to the replicas' reconfigure call. It is a JSON
 	// object (a YAML mapping in the file), or nil when the file has none.
 	UserConfig json.RawMessage `yaml:"user_config"`
+	// MaxConstructorRetryCount is how many replica starts in a row may
+	// fail before the deployment stops trying and is marked unhealthy, at
+	// least 1; 20 by default, as in Serve.
+	MaxConstructorRetryCount int `yaml:"max_constructor_retry_count"`
+
+	// Upstreams are the base URLs (http or https, no query) of the HTTP
+	// servers that are the replicas of handler "upstream", one replica
+	// each. Give either Upstreams or Discovery.
+	Upstreams []string `yaml:"upstreams"`
+	// Discovery finds the replicas of handler "upstream" in DNS:
+	// "dns://name:port" (A and AAAA records) or "dns+srv://_svc._tcp.name"
+	// (SRV records), resolved again every DiscoveryIntervalS.
+	Discovery string `yaml:"discovery"`
+	// DiscoveryIntervalS is the time between resolutions, in seconds,
+	// above 0; 10 by default.
+	DiscoveryIntervalS float64 `yaml:"discovery_interval_s"`
+	// DiscoveryServer is the DNS server Discovery asks, host:port; the
+	// system's resolvers (/etc/resolv.conf) if empty.
+	DiscoveryServer string `yaml:"discovery_server"`
+	// HealthCheckPath is the path a replica of handler "upstream" or
+	// "command" answers health checks on, with any 2xx; "/-/healthz" by
+	// default.
+	HealthCheckPath string `yaml:"health_check_path"`
+
+	// Command is the program and arguments of handler "command": the
+	// proxy starts NumReplicas of them, each with PORT and REPLICA_ID in
+	// its environment, and forwards requests to 127.0.0.1:PORT.
+	Command []string `yaml:"command"`
+	// Env is added to the environment of handler "command", KEY=VALUE each.
+	Env []string `yaml:"env"`
+	// WorkingDir is the working directory of handler "command"; the
+	// proxy's if empty.
+	WorkingDir string `yaml:"working_dir"`
 }
+
+// The handler kinds that are not in-process handlers: the proxy forwards
+// their requests over HTTP.
+const (
+	// HandlerUpstream is any HTTP server as a replica (Upstreams or
+	// Discovery).
+	HandlerUpstream = "upstream"
+	// HandlerCommand is a process the proxy starts per replica (Command).
+	HandlerCommand = "command"
+)
 
 // RequestTimeout returns RequestTimeoutS as a duration; 0 means no timeout.
 func (o HTTPOptions) RequestTimeout() time.Duration { return seconds(o.RequestTimeoutS) }
@@ -116,6 +159,9 @@ func (d Deployment) HealthCheckPeriod() time.Duration { return seconds(d.HealthC
 
 // HealthCheckTimeout returns HealthCheckTimeoutS as a duration.
 func (d Deployment) HealthCheckTimeout() time.Duration { return seconds(d.HealthCheckTimeoutS) }
+
+// DiscoveryInterval returns DiscoveryIntervalS as a duration.
+func (d Deployment) DiscoveryInterval() time.Duration { return seconds(d.DiscoveryIntervalS) }
 
 // GracefulShutdownTimeout returns GracefulShutdownTimeoutS as a duration.
 func (d Deployment) GracefulShutdownTimeout() time.Duration {

@@ -18,6 +18,9 @@ const (
 	defaultHealthCheckPeriodS       = 10
 	defaultHealthCheckTimeoutS      = 30
 	defaultGracefulShutdownTimeoutS = 20
+	defaultMaxConstructorRetryCount = 20
+	defaultDiscoveryIntervalS       = 10
+	defaultHealthCheckPath          = "/-/healthz"
 )
 
 // defaulter is a config struct that can fill itself with the values its
@@ -59,6 +62,9 @@ func (d *Deployment) setDefaults() {
 		HealthCheckPeriodS:       defaultHealthCheckPeriodS,
 		HealthCheckTimeoutS:      defaultHealthCheckTimeoutS,
 		GracefulShutdownTimeoutS: defaultGracefulShutdownTimeoutS,
+		MaxConstructorRetryCount: defaultMaxConstructorRetryCount,
+		DiscoveryIntervalS:       defaultDiscoveryIntervalS,
+		HealthCheckPath:          defaultHealthCheckPath,
 	}
 }
 

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode"
 )
@@ -37,6 +39,9 @@ type validator struct {
 	// could not be decoded kept its default, so rules about it, or about
 	// anything under it, would only repeat the report or be wrong.
 	skip []fieldPath
+	// given reports whether the file wrote a field; nil for configs built
+	// in Go, whose fields all count as given only when not zero.
+	given func(fieldPath) bool
 
 	problems []problem
 }
@@ -175,6 +180,138 @@ func (v *validator) deployment(d *Deployment, p fieldPath) {
 	if d.UserConfig != nil && !isJSONObject(d.UserConfig) {
 		v.report(p.child("user_config"), "must be a mapping (a JSON object)")
 	}
+	if d.MaxConstructorRetryCount < 1 {
+		v.report(p.child("max_constructor_retry_count"), "must be >= 1, got %d", d.MaxConstructorRetryCount)
+	}
+	if d.HealthCheckPath == "" || d.HealthCheckPath[0] != '/' {
+		v.report(p.child("health_check_path"), `must start with "/", got %q`, d.HealthCheckPath)
+	}
+	v.seconds(p.child("discovery_interval_s"), d.DiscoveryIntervalS, false)
+	v.handlerKind(d, p)
+}
+
+// handlerKind checks the fields that belong to one handler kind: set for
+// it, and not set for the others.
+func (v *validator) handlerKind(d *Deployment, p fieldPath) {
+	only := func(field, kind string, set bool) {
+		if set && d.Handler != kind {
+			v.report(p.child(field), "is only for handler %q", kind)
+		}
+	}
+	only("upstreams", HandlerUpstream, d.Upstreams != nil)
+	only("discovery", HandlerUpstream, d.Discovery != "")
+	only("discovery_server", HandlerUpstream, d.DiscoveryServer != "")
+	// (A zero is reported as out of range already, not as misplaced.)
+	only("discovery_interval_s", HandlerUpstream, v.wrote(p.child("discovery_interval_s"), d.DiscoveryIntervalS != defaultDiscoveryIntervalS && d.DiscoveryIntervalS != 0))
+	only("command", HandlerCommand, d.Command != nil)
+	only("env", HandlerCommand, d.Env != nil)
+	only("working_dir", HandlerCommand, d.WorkingDir != "")
+	if d.Handler != HandlerUpstream && d.Handler != HandlerCommand {
+		if v.wrote(p.child("health_check_path"), d.HealthCheckPath != defaultHealthCheckPath && d.HealthCheckPath != "") {
+			v.report(p.child("health_check_path"), "is only for handlers %q and %q (in-process handlers check their health in Go)", HandlerUpstream, HandlerCommand)
+		}
+	}
+
+	switch d.Handler {
+	case HandlerUpstream:
+		switch {
+		case len(d.Upstreams) == 0 && d.Discovery == "":
+			v.report(p.child("upstreams"), `handler "upstream" needs upstreams (a list of URLs) or discovery`)
+		case len(d.Upstreams) > 0 && d.Discovery != "":
+			v.report(p.child("discovery"), "give upstreams or discovery, not both")
+		}
+		seen := make(map[string]int)
+		for i, u := range d.Upstreams {
+			up := p.child("upstreams").at(i)
+			if msg := upstreamURLProblem(u); msg != "" {
+				v.report(up, "%s, got %q", msg, u)
+			} else if j, dup := seen[u]; dup {
+				v.report(up, "duplicate upstream %q (also upstreams[%d])", u, j)
+			} else {
+				seen[u] = i
+			}
+		}
+		if d.Discovery != "" {
+			if msg := discoveryProblem(d.Discovery); msg != "" {
+				v.report(p.child("discovery"), "%s, got %q", msg, d.Discovery)
+			}
+		}
+		if v.wrote(p.child("num_replicas"), d.NumReplicas != defaultNumReplicas) {
+			v.report(p.child("num_replicas"), `is not for handler "upstream": each upstream (or discovered address) is one replica`)
+		}
+		if d.UserConfig != nil {
+			v.report(p.child("user_config"), `is not for handler "upstream": an HTTP server has no reconfigure call`)
+		}
+	case HandlerCommand:
+		if len(d.Command) == 0 || d.Command[0] == "" {
+			v.report(p.child("command"), `handler "command" needs command: the program and its arguments, a list`)
+		}
+		for i, e := range d.Env {
+			if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+				v.report(p.child("env").at(i), "must be KEY=VALUE, got %q", e)
+			}
+		}
+		if d.UserConfig != nil {
+			v.report(p.child("user_config"), `is not for handler "command": a process has no reconfigure call`)
+		}
+	}
+}
+
+// wrote reports whether the file wrote the field at p; for configs built
+// in Go, whether it differs from its default (changed).
+func (v *validator) wrote(p fieldPath, changed bool) bool {
+	if v.given == nil {
+		return changed
+	}
+	return v.given(p)
+}
+
+// upstreamURLProblem returns what is wrong with an upstream's base URL, or "".
+func upstreamURLProblem(s string) string {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return "must be a URL"
+	case u.Scheme != "http" && u.Scheme != "https":
+		return `must be an http:// or https:// URL`
+	case u.Host == "" || u.Hostname() == "":
+		return "must name a host"
+	case u.User != nil:
+		return "must not hold a user or password"
+	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
+		return "must not hold a query or fragment"
+	}
+	if port := u.Port(); port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return "must have a port between 1 and 65535"
+		}
+	}
+	return ""
+}
+
+// discoveryProblem returns what is wrong with a discovery target, or "".
+func discoveryProblem(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return `must be dns://name:port or dns+srv://_service._tcp.name`
+	}
+	switch u.Scheme {
+	case "dns":
+		n, err := strconv.Atoi(u.Port())
+		if u.Hostname() == "" || err != nil || n < 1 || n > 65535 {
+			return `must be dns://name:port, with a port between 1 and 65535`
+		}
+	case "dns+srv":
+		if u.Hostname() == "" || u.Port() != "" {
+			return `must be dns+srv://_service._tcp.name, without a port (the SRV records give them)`
+		}
+	default:
+		return `must be dns://name:port or dns+srv://_service._tcp.name`
+	}
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
+		return "must be only a scheme, a name and a port"
+	}
+	return ""
 }
 
 // seconds checks a duration field: above 0, or at least 0 when zeroOK, and

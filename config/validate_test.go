@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 // withDeployment returns a one-deployment file whose deployment ends with
@@ -16,6 +17,11 @@ func withDeployment(extra string) string {
       - name: dep
         handler: echo
 ` + extra
+}
+
+// kindDeployment is withDeployment with another handler.
+func kindDeployment(handler, extra string) string {
+	return strings.Replace(withDeployment(extra), "handler: echo", "handler: "+handler, 1)
 }
 
 // parseErrors parses src, which must fail, and returns its Errors.
@@ -107,6 +113,26 @@ func TestParseErrors(t *testing.T) {
 		{"deployment name missing", "applications:\n  - name: a\n    deployments:\n      - handler: h\n", "applications[0].deployments[0].name", 4, "is required"},
 		{"handler missing", "applications:\n  - name: a\n    deployments:\n      - name: d\n", "applications[0].deployments[0].handler", 4, "is required"},
 		{"handler empty", "applications:\n  - name: a\n    deployments:\n      - name: d\n        handler: ''\n", "applications[0].deployments[0].handler", 5, "is required"},
+		// Handler kinds' own fields.
+		{"upstream without upstreams", kindDeployment("upstream", ""), "applications[0].deployments[0].upstreams", 4, `needs upstreams (a list of URLs) or discovery`},
+		{"upstream both", kindDeployment("upstream", "        upstreams: [http://10.0.0.5:8000]\n        discovery: dns://svc.local:8000\n"), "applications[0].deployments[0].discovery", 7, "not both"},
+		{"upstream bad scheme", kindDeployment("upstream", "        upstreams: [ftp://10.0.0.5]\n"), "applications[0].deployments[0].upstreams[0]", 6, "http:// or https://"},
+		{"upstream query", kindDeployment("upstream", "        upstreams: ['http://a:1/?x=1']\n"), "applications[0].deployments[0].upstreams[0]", 6, "query"},
+		{"upstream bad port", kindDeployment("upstream", "        upstreams: ['http://a:0']\n"), "applications[0].deployments[0].upstreams[0]", 6, "port between 1 and 65535"},
+		{"upstream duplicate", kindDeployment("upstream", "        upstreams:\n          - http://a:1\n          - http://a:1\n"), "applications[0].deployments[0].upstreams[1]", 8, "duplicate upstream"},
+		{"upstream num_replicas", kindDeployment("upstream", "        upstreams: [http://a:1]\n        num_replicas: 1\n"), "applications[0].deployments[0].num_replicas", 7, "each upstream (or discovered address) is one replica"},
+		{"upstream user_config", kindDeployment("upstream", "        upstreams: [http://a:1]\n        user_config: {a: 1}\n"), "applications[0].deployments[0].user_config", 7, "no reconfigure call"},
+		{"discovery no port", kindDeployment("upstream", "        discovery: dns://svc.local\n"), "applications[0].deployments[0].discovery", 6, "dns://name:port"},
+		{"discovery srv with port", kindDeployment("upstream", "        discovery: dns+srv://_http._tcp.svc.local:80\n"), "applications[0].deployments[0].discovery", 6, "without a port"},
+		{"discovery scheme", kindDeployment("upstream", "        discovery: consul://svc\n"), "applications[0].deployments[0].discovery", 6, "must be dns://name:port or dns+srv://"},
+		{"command missing", kindDeployment("command", ""), "applications[0].deployments[0].command", 4, "needs command"},
+		{"command bad env", kindDeployment("command", "        command: [./server]\n        env: [NOEQUALS]\n"), "applications[0].deployments[0].env[0]", 7, "KEY=VALUE"},
+		{"upstreams on echo", withDeployment("        upstreams: [http://a:1]\n"), "applications[0].deployments[0].upstreams", 6, `is only for handler "upstream"`},
+		{"command on echo", withDeployment("        command: [./x]\n"), "applications[0].deployments[0].command", 6, `is only for handler "command"`},
+		{"discovery interval on echo", withDeployment("        discovery_interval_s: 5\n"), "applications[0].deployments[0].discovery_interval_s", 6, `is only for handler "upstream"`},
+		{"health path on echo", withDeployment("        health_check_path: /healthz\n"), "applications[0].deployments[0].health_check_path", 6, `is only for handlers "upstream" and "command"`},
+		{"health path relative", kindDeployment("command", "        command: [./x]\n        health_check_path: healthz\n"), "applications[0].deployments[0].health_check_path", 7, `must start with "/"`},
+		{"max_constructor_retry_count zero", withDeployment("        max_constructor_retry_count: 0\n"), "applications[0].deployments[0].max_constructor_retry_count", 6, "must be >= 1, got 0"},
 		{"duplicate deployment name", withDeployment("      - name: dep\n        handler: echo\n"), "applications[0].deployments[1].name", 6, `duplicate deployment name "dep" (also used by deployments[0])`},
 		{"num_replicas zero", withDeployment("        num_replicas: 0\n"), "applications[0].deployments[0].num_replicas", 6, "must be in [1, 10000], got 0"},
 		{"num_replicas huge", withDeployment("        num_replicas: 100000000\n"), "applications[0].deployments[0].num_replicas", 6, "must be in [1, 10000], got 100000000"},
@@ -286,6 +312,9 @@ func TestValidate(t *testing.T) {
 			"applications[1].deployments[0].max_queued_requests: must be -1 (no limit) or >= 1, got 0",
 			"applications[1].deployments[0].health_check_period_s: must be > 0 and <= 9223372036 seconds, got 0",
 			"applications[1].deployments[0].health_check_timeout_s: must be > 0 and <= 9223372036 seconds, got 0",
+			"applications[1].deployments[0].max_constructor_retry_count: must be >= 1, got 0",
+			`applications[1].deployments[0].health_check_path: must start with "/", got ""`,
+			"applications[1].deployments[0].discovery_interval_s: must be > 0 and <= 9223372036 seconds, got 0",
 		}, "\n")},
 		{"user_config not an object", func(c *Config) { c.Applications[0].Deployments[0].UserConfig = json.RawMessage(`[1]`) }, "applications[0].deployments[0].user_config: must be a mapping (a JSON object)"},
 		{"user_config not JSON", func(c *Config) { c.Applications[0].Deployments[0].UserConfig = json.RawMessage(`{`) }, "applications[0].deployments[0].user_config: must be a mapping (a JSON object)"},
@@ -307,5 +336,45 @@ func TestValidate(t *testing.T) {
 				t.Errorf("Validate() error %#v has a file or line", fe)
 			}
 		})
+	}
+}
+
+func TestParseRemoteKinds(t *testing.T) {
+	src := `applications:
+  - name: a
+    route_prefix: /a
+    deployments:
+      - name: fixed
+        handler: upstream
+        upstreams: [http://10.0.0.5:8000, "https://replica-2.internal"]
+        health_check_path: /healthz
+  - name: b
+    route_prefix: /b
+    deployments:
+      - name: found
+        handler: upstream
+        discovery: dns+srv://_http._tcp.model.default.svc.cluster.local
+        discovery_interval_s: 2
+        discovery_server: 127.0.0.1:5353
+  - name: c
+    route_prefix: /c
+    deployments:
+      - name: started
+        handler: command
+        command: [python3, server.py]
+        env: [MODEL=small]
+        working_dir: /srv
+        num_replicas: 3
+        max_constructor_retry_count: 5
+`
+	c, err := Parse("test.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed, found, started := c.Applications[0].Deployments[0], c.Applications[1].Deployments[0], c.Applications[2].Deployments[0]
+	if len(fixed.Upstreams) != 2 || fixed.HealthCheckPath != "/healthz" || found.DiscoveryInterval() != 2*time.Second ||
+		found.DiscoveryServer != "127.0.0.1:5353" || started.Command[1] != "server.py" || started.Env[0] != "MODEL=small" ||
+		started.MaxConstructorRetryCount != 5 || started.HealthCheckPath != "/-/healthz" {
+		t.Fatalf("decoded: %+v\n%+v\n%+v", fixed, found, started)
 	}
 }

@@ -63,7 +63,10 @@ func Parse(name string, data []byte) (*Config, error) {
 		d.value(reflect.ValueOf(c).Elem(), root, nil, posOf(root))
 	}
 
-	v := validator{skip: d.failed}
+	v := validator{skip: d.failed, given: func(p fieldPath) bool {
+		_, ok := d.positions[p.String()]
+		return ok
+	}}
 	v.config(c)
 	found := d.errs
 	for _, p := range v.problems {
