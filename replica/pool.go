@@ -119,11 +119,12 @@ type task struct {
 // call completes, not when its result is fetched.
 //
 // Broadcast is the separate control path: the same call to every actor at
-// once, whether busy or idle.
+// once, whether busy or idle. Put keeps a payload that calls then pass by
+// reference (Call.Ref), until Free.
 //
 // A Pool is safe for concurrent use.
 type Pool struct {
-	// mu guards every field below.
+	// mu guards the fields below, up to refMu.
 	mu        sync.Mutex
 	actors    []Actor          // pool order; copied on write, so a read slice stays valid
 	byID      map[string]Actor // every actor in actors
@@ -501,12 +502,12 @@ func (p *Pool) abandon(sink chan *task, left int, cancel context.CancelFunc) {
 // below any useful deadline.
 const broadcastStall = 200 * time.Microsecond
 
-// broadcastChunk is how many actors a Broadcast worker claims at a time.
-// Claiming them one by one from a shared counter made every call pay for a
-// cache line the workers fought over, and results written side by side by
-// different workers shared lines too (issue 4). Within its chunk a worker
-// claims slot by slot from the chunk's own counter, so that another worker
-// can take the rest of a chunk whose worker is stuck in a call.
+// broadcastChunk is how many actors a Broadcast worker claims at a time, so
+// that workers do not share one counter and neighbouring result slots on
+// every call: on 2 cores that sharing cost little, but it grows with the
+// cores. Within its chunk a worker claims slot by slot from the chunk's own
+// counter, so that another worker can take the rest of a chunk whose worker
+// is stuck in a call.
 const broadcastChunk = 32
 
 // Broadcast sends c to every actor in the pool, or to the actors named by
@@ -526,11 +527,11 @@ const broadcastChunk = 32
 // The calls run on a few worker goroutines, GOMAXPROCS to start with, each
 // claiming actors broadcastChunk at a time and calling them inline. At every
 // broadcastStall, while actors are left unclaimed, Broadcast starts one more
-// worker for each worker that has been in one call since the last look, so
-// a slow or dead actor holds up only its own answer, and actors that are all
-// slow get about a worker each within a few stalls. Workers stop taking
-// actors once ctx ends; a call still running in an actor that ignores ctx
-// finishes into a discarded slot after Broadcast has returned.
+// worker for each worker that has been in one call since the last look. So
+// a slow or dead actor holds up only its own answer, and when every call is
+// slow the workers double at every stall, towards one per actor. Workers
+// stop taking actors once ctx ends; a call still running in an actor that
+// ignores ctx finishes into a discarded slot after Broadcast has returned.
 func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 	p.mu.Lock()
 	targets := p.actors // never written in place
@@ -587,6 +588,7 @@ func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 		case <-b.done:
 			return b.results // every slot is filled: no worker writes again
 		case <-ctx.Done():
+			b.stop.Store(true)
 			return b.closed()
 		case <-tick.C:
 			unclaimed := n - b.claimed()
@@ -596,22 +598,26 @@ func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 			}
 			if watched == nil {
 				for i := range workers {
-					watched = append(watched, watch{w: &workers[i]})
+					watched = append(watched, watch{w: &workers[i], chunk: -1})
 				}
 			}
 			for i := range watched { // not the ones appended below: they have only just started
 				wt := &watched[i]
-				if wt.w.exited.Load() {
+				k := wt.w.chunk.Load()
+				if k < 0 {
+					continue // exited
+				}
+				claims := b.chunks[k].next.Load()
+				if k != wt.chunk || claims != wt.claims {
+					wt.chunk, wt.claims = k, claims
 					continue
 				}
-				if calls := wt.w.calls.Load(); calls != wt.seen {
-					wt.seen = calls
-					continue
-				}
-				if unclaimed > 0 { // stuck in one call for a whole stall
+				// No slot of its chunk was claimed since the last tick,
+				// and the worker is still in it: it is stuck in one call.
+				if unclaimed > 0 {
 					unclaimed--
 					nw := new(worker)
-					watched = append(watched, watch{w: nw})
+					watched = append(watched, watch{w: nw, chunk: -1})
 					go b.work(nw)
 				}
 			}
@@ -631,6 +637,10 @@ type broadcast struct {
 	results []Result
 	chunks  []chunk // chunks[k] holds targets[k*broadcastChunk:][:broadcastChunk]
 
+	// stop is set when Broadcast has returned at ctx's end: workers check
+	// it before every call, which costs less than a select on ctx.Done().
+	stop atomic.Bool
+
 	nextChunk atomic.Int64  // index of the next chunk to claim
 	left      atomic.Int64  // targets whose result is not yet filled
 	done      chan struct{} // closed when left reaches 0
@@ -643,28 +653,31 @@ type chunk struct {
 	_      [64 - 4 - broadcastChunk]byte // a cache line of its own, away from the other workers' chunks
 }
 
-// worker is one Broadcast worker's progress, which the watchdog reads.
+// worker is where a Broadcast worker is, for the watchdog. Slots are claimed
+// one by one from their chunk's counter, so a worker that stays in one chunk
+// while that counter stands still is in one call all along: the progress
+// costs a store per chunk, not one per call.
 type worker struct {
-	calls  atomic.Int64 // calls finished
-	exited atomic.Bool
-	_      [64 - 8 - 1]byte // a cache line of its own
+	chunk atomic.Int32 // the chunk the worker is in (0 until it claims one); -1 once it has exited
+	_     [64 - 4]byte // a cache line of its own
 }
 
-// watch is what the watchdog knows of a worker.
+// watch is what the watchdog saw of a worker at the last tick.
 type watch struct {
-	w    *worker
-	seen int64 // w.calls at the last tick
+	w      *worker
+	chunk  int32 // w.chunk; -1 before the first look
+	claims int32 // that chunk's next
 }
 
 // work claims chunks in turn, then any slots still unclaimed in other
 // workers' chunks (behind a call that is slow), and calls their actors until
-// none is left or ctx has ended.
+// none is left or Broadcast has returned at ctx's end.
 func (b *broadcast) work(w *worker) {
 	// Filled slots are counted here and added to left once, on the way out:
 	// a shared counter written on every call would cost more than the call.
 	filled := int64(0)
 	defer func() {
-		w.exited.Store(true)
+		w.chunk.Store(-1)
 		if filled > 0 && b.left.Add(-filled) == 0 {
 			close(b.done)
 		}
@@ -686,37 +699,64 @@ func (b *broadcast) work(w *worker) {
 }
 
 // drain claims and calls chunk k's slots until none is left, and reports
-// false if ctx ended first.
+// false if Broadcast has returned at ctx's end.
 func (b *broadcast) drain(w *worker, k int, filled *int64) bool {
+	for {
+		if ok, panicked := b.drainCalls(w, k, filled); !panicked {
+			return ok
+		}
+	}
+}
+
+// drainCalls is drain until a call panics: the panic becomes a *PanicError
+// in that actor's slot, and drain goes on with the rest of the chunk. It
+// recovers once per run of calls, not once per call, because a deferred
+// recover around every call cost more than an in-process call (issue 4).
+func (b *broadcast) drainCalls(w *worker, k int, filled *int64) (ok, panicked bool) {
 	ch := &b.chunks[k]
 	base := k * broadcastChunk
 	size := int32(min(broadcastChunk, len(b.targets)-base))
 	if ch.next.Load() >= size {
-		return true // claimed already: most chunks, when stealing
+		return true, false // claimed already: most chunks, when stealing
 	}
+	w.chunk.Store(int32(k))
 	// Locals: the loop would otherwise reload them through b after every
 	// atomic operation.
-	ctx, c, targets, results := b.ctx, b.c, b.targets[base:base+int(size)], b.results[base:base+int(size)]
-	ctxDone := ctx.Done()
+	ctx, c, stop := b.ctx, b.c, &b.stop
+	targets, results := b.targets[base:base+int(size)], b.results[base:base+int(size)]
+	calling := int32(-1) // the slot whose call is running
+	defer func() {
+		if calling < 0 {
+			return
+		}
+		// The call panicked, or called runtime.Goexit (recover returns nil
+		// and the worker still exits, but its slot is filled).
+		r := &results[calling]
+		r.Value, r.Err = nil, &PanicError{Value: recover(), Stack: debug.Stack()}
+		r.Actor = targets[calling].ID()
+		ch.filled[calling].Store(true)
+		*filled++
+		panicked = true
+	}()
 	for {
-		select {
-		case <-ctxDone:
-			return false
-		default:
+		if stop.Load() {
+			return false, false
 		}
 		j := ch.next.Add(1) - 1
 		if j >= size {
-			return true
+			return true, false
 		}
 		a := targets[j]
 		if a == nil {
 			continue // unknown ID: filled by Broadcast
 		}
+		calling = j
+		v, err := a.Call(ctx, c.Method, c.Payload)
+		calling = -1
 		r := &results[j]
-		r.Value, r.Err = safeCall(ctx, a, c)
+		r.Value, r.Err = v, err
 		r.Actor = a.ID() // field by field: cheaper under GC than copying a Result in
 		ch.filled[j].Store(true)
-		w.calls.Add(1)
 		*filled++
 	}
 }

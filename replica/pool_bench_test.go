@@ -95,11 +95,3 @@ func BenchmarkBroadcastRef(b *testing.B) {
 		})
 	}
 }
-
-func BenchmarkTmpSizes(b *testing.B) {
-	for _, n := range []int{1, 32, 64, 200, 950, 4000} {
-		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			benchPaths(b, n, func(*Pool) Call { return Call{Method: "check_health"} })
-		})
-	}
-}

@@ -679,3 +679,257 @@ func TestBroadcastHungActorsCostOnlyTheirSlots(t *testing.T) {
 		}
 	}
 }
+
+// TestBroadcastFailingSlowPanicking runs one broadcast over several chunks
+// of actors with failing, slow and panicking ones among them: each gets its
+// own answer in its own slot, and the slow one holds up no other.
+func TestBroadcastFailingSlowPanicking(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	boom := errors.New("boom")
+	const slowFor = 100 * time.Millisecond
+	start := time.Now()
+	var lastFast, slowEnd atomic.Int64 // ns after start
+	kinds := map[int]string{5: "slow", 6: "fail", 31: "panic", 32: "panic", 33: "panic", 70: "fail", 99: "panic"}
+	var actors []Actor
+	for i := range 100 {
+		id := fmt.Sprint(i)
+		var fn func(context.Context, string, []byte) ([]byte, error)
+		switch kinds[i] {
+		case "slow":
+			fn = func(ctx context.Context, _ string, p []byte) ([]byte, error) {
+				defer func() { slowEnd.Store(int64(time.Since(start))) }()
+				select {
+				case <-time.After(slowFor):
+					return []byte("slow " + id), nil
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+		case "fail":
+			fn = func(context.Context, string, []byte) ([]byte, error) { return nil, fmt.Errorf("%s: %w", id, boom) }
+		case "panic":
+			fn = func(context.Context, string, []byte) ([]byte, error) { panic("oops " + id) }
+		default:
+			fn = func(_ context.Context, _ string, p []byte) ([]byte, error) {
+				lastFast.Store(int64(time.Since(start)))
+				return []byte(id), nil
+			}
+		}
+		actors = append(actors, &fnActor{id: id, fn: fn})
+	}
+	p := NewPool(actors...)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rs := p.Broadcast(ctx, Call{Method: "check_health"})
+	if el := time.Since(start); el < slowFor || el > 5*time.Second {
+		t.Fatalf("Broadcast took %v, want about the slow actor's %v", el, slowFor)
+	}
+	if ids := resultIDs(rs); !slices.Equal(ids, actorIDs(actors)) {
+		t.Fatalf("results for %v, want pool order", ids)
+	}
+	if fast, slow := time.Duration(lastFast.Load()), time.Duration(slowEnd.Load()); fast >= slow {
+		t.Errorf("last fast answer at %v, slow answer at %v: the slow actor held up others", fast, slow)
+	}
+	for i, r := range rs {
+		var pe *PanicError
+		switch kinds[i] {
+		case "slow":
+			if r.Err != nil || string(r.Value) != "slow "+r.Actor {
+				t.Errorf("slow %s: %+v", r.Actor, r)
+			}
+		case "fail":
+			if !errors.Is(r.Err, boom) || !strings.HasPrefix(r.Err.Error(), r.Actor+":") {
+				t.Errorf("fail %s: err = %v", r.Actor, r.Err)
+			}
+		case "panic":
+			if !errors.As(r.Err, &pe) || pe.Value != "oops "+r.Actor || len(pe.Stack) == 0 || r.Value != nil {
+				t.Errorf("panic %s: %+v, want its *PanicError with a stack", r.Actor, r)
+			}
+		default:
+			if r.Err != nil || string(r.Value) != r.Actor {
+				t.Errorf("%s: %+v", r.Actor, r)
+			}
+		}
+	}
+}
+
+// TestBroadcastSlowActorsGetWorkers checks that when every call is slow,
+// Broadcast adds workers instead of calling 200 slow actors two at a time
+// (which would take 200 * 20ms / 2 = 2s).
+func TestBroadcastSlowActorsGetWorkers(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	var actors []Actor
+	for i := range 200 {
+		actors = append(actors, &fnActor{id: fmt.Sprint(i), fn: func(ctx context.Context, _ string, p []byte) ([]byte, error) {
+			select {
+			case <-time.After(20 * time.Millisecond):
+				return p, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}})
+	}
+	p := NewPool(actors...)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	rs := p.Broadcast(ctx, Call{Method: "m", Payload: []byte("ok")})
+	if el := time.Since(start); el > time.Second {
+		t.Errorf("Broadcast to 200 actors of 20ms each took %v", el)
+	}
+	for _, r := range rs {
+		if r.Err != nil || string(r.Value) != "ok" {
+			t.Fatalf("%s: %+v", r.Actor, r)
+		}
+	}
+}
+
+// TestBroadcastWhileMembershipChanges runs broadcasts, submits, pushes and
+// pops at once, for the race detector.
+func TestBroadcastWhileMembershipChanges(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	var actors []Actor
+	for i := range 100 {
+		actors = append(actors, echoActor(fmt.Sprint(i)))
+	}
+	p := NewPool(actors...)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for range 50 {
+				rs := p.Broadcast(ctx, Call{Method: "stats", Payload: []byte("s")})
+				for _, r := range rs {
+					if r.Err != nil || string(r.Value) != "s" {
+						t.Errorf("%+v", r)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for i := range 50 {
+			if a, ok := p.PopIdle(); ok {
+				if err := p.Push(a); err != nil {
+					t.Error(err)
+				}
+			}
+			if err := p.Submit(ctx, Call{Method: "m", Payload: []byte(fmt.Sprint(i))}); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	wg.Wait()
+	for p.HasNext() {
+		get(t, p.GetNext)
+	}
+}
+
+func TestForeachBroadcast(t *testing.T) {
+	boom := errors.New("boom")
+	actors := []Actor{
+		echoActor("a"),
+		&fnActor{id: "fail", fn: func(context.Context, string, []byte) ([]byte, error) { return nil, boom }},
+		&fnActor{id: "slow", fn: func(_ context.Context, _ string, p []byte) ([]byte, error) {
+			time.Sleep(20 * time.Millisecond)
+			return p, nil
+		}},
+		&fnActor{id: "panic", fn: func(context.Context, string, []byte) ([]byte, error) { panic("oops") }},
+		echoActor("b"),
+	}
+	payload := []byte("encode me")
+	rs := ForeachBroadcast(context.Background(), actors, Call{Method: "m", Payload: payload})
+	if ids := resultIDs(rs); !slices.Equal(ids, actorIDs(actors)) {
+		t.Fatalf("results for %v, want %v", ids, actorIDs(actors))
+	}
+	var pe *PanicError
+	if !errors.Is(rs[1].Err, boom) || !errors.As(rs[3].Err, &pe) {
+		t.Fatalf("fail: %v, panic: %v", rs[1].Err, rs[3].Err)
+	}
+	seen := map[*byte]bool{&payload[0]: true}
+	for _, i := range []int{0, 2, 4} {
+		r := rs[i]
+		if r.Err != nil || string(r.Value) != string(payload) || seen[&r.Value[0]] {
+			t.Fatalf("%s: %+v, want its own copy of the payload", r.Actor, r)
+		}
+		seen[&r.Value[0]] = true
+	}
+}
+
+// TestRef passes a payload by reference through every path: each call gets
+// the very bytes given to Put, until Free.
+func TestRef(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	var calls atomic.Int64
+	mk := func(id string) *fnActor {
+		return &fnActor{id: id, fn: func(_ context.Context, _ string, p []byte) ([]byte, error) {
+			calls.Add(1)
+			return p, nil
+		}}
+	}
+	actors := []Actor{mk("a"), mk("b"), mk("c")}
+	p := NewPool(actors...)
+	payload := []byte("user_config: big")
+	ref := p.Put(payload)
+	c := Call{Method: "reconfigure", Ref: ref}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	same := func(path string, rs []Result) {
+		t.Helper()
+		if len(rs) != len(actors) {
+			t.Fatalf("%s: %d results", path, len(rs))
+		}
+		for _, r := range rs {
+			if r.Err != nil || len(r.Value) != len(payload) || &r.Value[0] != &payload[0] {
+				t.Fatalf("%s: %s: %+v, want the bytes put", path, r.Actor, r)
+			}
+		}
+	}
+	same("Broadcast", p.Broadcast(ctx, c))
+	same("ForeachBroadcast", ForeachBroadcast(ctx, actors, c))
+	if err := p.Submit(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := p.GetNext(ctx); err != nil || r.Err != nil || &r.Value[0] != &payload[0] {
+		t.Fatalf("Submit: %+v, %v", r, err)
+	}
+
+	other := NewPool(mk("x"))
+	other.Free(ref) // not other's: does nothing
+	same("Broadcast after another pool's Free", p.Broadcast(ctx, c))
+
+	bad := p.Broadcast(ctx, Call{Method: "m", Payload: []byte("x"), Ref: ref})
+	for _, r := range bad {
+		if r.Err == nil || errors.Is(r.Err, ErrUnknownRef) {
+			t.Fatalf("a Call with a Payload and a Ref: %+v", r)
+		}
+	}
+
+	p.Free(ref)
+	p.Free(ref) // twice: does nothing
+	before := calls.Load()
+	rs := p.Broadcast(ctx, c, "b", "nope")
+	if !errors.Is(rs[0].Err, ErrUnknownRef) || rs[0].Actor != "b" || !errors.Is(rs[1].Err, ErrUnknownActor) {
+		t.Fatalf("Broadcast of a freed Ref: %+v", rs)
+	}
+	for _, r := range ForeachBroadcast(ctx, actors, c) {
+		if !errors.Is(r.Err, ErrUnknownRef) {
+			t.Fatalf("ForeachBroadcast of a freed Ref: %+v", r)
+		}
+	}
+	if err := p.Submit(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := p.GetNext(ctx); err != nil || !errors.Is(r.Err, ErrUnknownRef) {
+		t.Fatalf("Submit of a freed Ref: %+v, %v", r, err)
+	}
+	if n := calls.Load() - before; n != 0 {
+		t.Fatalf("%d actors called with a freed Ref", n)
+	}
+
+	if r2 := p.Put(nil); r2 == ref {
+		t.Fatal("a Ref id was reused")
+	}
+}

@@ -26,6 +26,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return runGCCompare(ctx, args[1:], stdout, stderr)
 		case "soak":
 			return runSoak(ctx, args[1:], stdout, stderr)
+		case "broadcast":
+			return runBroadcast(ctx, args[1:], stdout, stderr)
 		}
 	}
 	return runLoad(ctx, args, stdout, stderr)

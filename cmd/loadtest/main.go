@@ -4,10 +4,11 @@
 //	loadtest compare [flags] name=URL... the same load against several targets, side by side
 //	loadtest gc-compare [flags]          the proxy under each GC setting, one table
 //	loadtest soak [flags]                the proxy under a long steady load: do memory and goroutines stay flat?
+//	loadtest broadcast [flags]           the seed's four tables: foreach vs replica.Pool.Broadcast, in process
 //
 // Load goes to loopback hosts only, unless -allow-remote is given. Run
-// "loadtest -h", "loadtest compare -h", "loadtest gc-compare -h" or
-// "loadtest soak -h" for the flags.
+// "loadtest -h", "loadtest compare -h", "loadtest gc-compare -h",
+// "loadtest soak -h" or "loadtest broadcast -h" for the flags.
 package main
 
 import (
