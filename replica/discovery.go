@@ -1,0 +1,254 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// The defaults of DiscoveryOptions.
+const (
+	DefaultDiscoveryInterval = 10 * time.Second
+	DefaultDiscoveryTimeout  = 5 * time.Second
+)
+
+// DiscoveryOptions configure a Discovery.
+type DiscoveryOptions struct {
+	// Interval is how often the name is resolved again. If 0,
+	// DefaultDiscoveryInterval is used.
+	Interval time.Duration
+	// Timeout bounds one resolution, every lookup it makes included. If 0,
+	// DefaultDiscoveryTimeout is used.
+	Timeout time.Duration
+	// Server is the DNS server to ask, as host:port (":53" if the port is
+	// left out). If empty, the servers of /etc/resolv.conf are asked, with
+	// its search domains: write names in full, with a final dot, to skip
+	// them.
+	Server string
+	// Scheme is the scheme of the replica URLs, "http" or "https". If
+	// empty, "http".
+	Scheme string
+	// OnChange is given the replicas' base URLs, sorted, after the first
+	// resolution that succeeds and after each one whose answer differs
+	// from the last. An empty set is an answer: every replica is gone. The
+	// slice is the callee's. It runs on Run's goroutine, so the next
+	// resolution waits for it. It is required.
+	OnChange func(urls []string)
+	// OnError is told of each failed resolution; the last set stays in
+	// force. If nil, failures are only logged.
+	OnError func(error)
+	// Log receives failed resolutions. The zero Logger logs nothing.
+	Log zerolog.Logger
+}
+
+// Discovery finds a deployment's replicas in DNS, so that a Kubernetes
+// headless Service or Consul gives the replica set (issue 5). Two forms of
+// target are understood:
+//
+//	dns://name:port          the A and AAAA records of name, each at port
+//	dns+srv://_svc._tcp.name the SRV records of the name, each target's
+//	                         A and AAAA records at the record's port
+//
+// The name is asked again every Interval, whatever the records' TTLs (Go's
+// resolver keeps no cache, so each round reaches the server). SRV
+// priorities and weights are ignored: every target is a replica, and the
+// router balances by load. A name that does not exist or has no
+// records (NXDOMAIN, or no data) is an answer, the empty set, which the
+// deployment serves as 503 "No replicas are available"; any other failure
+// (timeout, refused, SERVFAIL) keeps the last set, since a DNS outage is no
+// reason to drop healthy replicas.
+type Discovery struct {
+	target   string
+	srv      bool
+	name     string
+	port     uint16
+	scheme   string
+	interval time.Duration
+	timeout  time.Duration
+	resolver *net.Resolver
+	server   string // the DNS server asked, for errors; "" for the system's
+	opts     DiscoveryOptions
+}
+
+// NewDiscovery checks target and returns a Discovery for it; Run starts it.
+func NewDiscovery(target string, o DiscoveryOptions) (*Discovery, error) {
+	d := &Discovery{target: target, scheme: o.Scheme, interval: o.Interval, timeout: o.Timeout, opts: o}
+	if err := d.parse(target); err != nil {
+		return nil, err
+	}
+	switch {
+	case o.OnChange == nil:
+		return nil, fmt.Errorf("discovery %q: no OnChange", target)
+	case d.scheme == "":
+		d.scheme = "http"
+	case d.scheme != "http" && d.scheme != "https":
+		return nil, fmt.Errorf("discovery %q: the scheme must be http or https, not %q", target, d.scheme)
+	}
+	if d.interval <= 0 {
+		d.interval = DefaultDiscoveryInterval
+	}
+	if d.timeout <= 0 {
+		d.timeout = DefaultDiscoveryTimeout
+	}
+	// The Go resolver in both cases, so that "no such name" reads the same
+	// whichever answers.
+	d.resolver = &net.Resolver{PreferGo: true}
+	if o.Server != "" {
+		server := o.Server
+		if _, _, err := net.SplitHostPort(server); err != nil {
+			server = net.JoinHostPort(server, "53")
+		}
+		if _, port, err := net.SplitHostPort(server); err != nil || port == "" {
+			return nil, fmt.Errorf("discovery %q: bad DNS server %q", target, o.Server)
+		}
+		d.server = server
+		d.resolver.Dial = func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var dialer net.Dialer
+			return dialer.DialContext(ctx, network, server)
+		}
+	}
+	return d, nil
+}
+
+func (d *Discovery) parse(target string) error {
+	u, err := url.Parse(target)
+	if err != nil {
+		return fmt.Errorf("discovery %q: %w", target, err)
+	}
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" || (u.Path != "" && u.Path != "/") || u.Opaque != "" {
+		return fmt.Errorf("discovery %q: only a name (and a port for dns://) may be given", target)
+	}
+	d.name = u.Hostname()
+	if d.name == "" {
+		return fmt.Errorf("discovery %q: no name", target)
+	}
+	switch u.Scheme {
+	case "dns":
+		p := u.Port()
+		n, err := strconv.ParseUint(p, 10, 16)
+		if err != nil || n == 0 {
+			return fmt.Errorf("discovery %q: dns:// needs a port from 1 to 65535 (dns://name:port)", target)
+		}
+		d.port = uint16(n)
+	case "dns+srv":
+		if u.Port() != "" {
+			return fmt.Errorf("discovery %q: the SRV records give the ports; leave the port out", target)
+		}
+		d.srv = true
+	default:
+		return fmt.Errorf("discovery %q: the scheme must be dns:// (A/AAAA) or dns+srv:// (SRV)", target)
+	}
+	return nil
+}
+
+// Target returns the discovery target as given.
+func (d *Discovery) Target() string { return d.target }
+
+// Resolve looks the target up once and returns the replicas' base URLs,
+// sorted and without duplicates; an empty set means the name has no
+// replicas. ctx bounds it.
+func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
+	urls := []string{}
+	if !d.srv {
+		ips, err := d.lookupIP(ctx, d.name)
+		if err != nil {
+			return nil, d.error(err)
+		}
+		for _, ip := range ips {
+			urls = append(urls, d.url(ip, d.port))
+		}
+	} else {
+		_, records, err := d.resolver.LookupSRV(ctx, "", "", d.name)
+		if err != nil && !isNotFound(err) {
+			return nil, d.error(err)
+		}
+		for _, rec := range records {
+			if rec.Port == 0 || rec.Target == "." {
+				continue // "no service here"
+			}
+			ips, err := d.lookupIP(ctx, rec.Target)
+			if err != nil {
+				return nil, d.error(fmt.Errorf("SRV target %s: %w", rec.Target, err))
+			}
+			for _, ip := range ips {
+				urls = append(urls, d.url(ip, rec.Port))
+			}
+		}
+	}
+	slices.Sort(urls)
+	return slices.Compact(urls), nil
+}
+
+// lookupIP returns host's addresses; none, without error, when the name
+// does not exist or has no address records.
+func (d *Discovery) lookupIP(ctx context.Context, host string) ([]netip.Addr, error) {
+	ips, err := d.resolver.LookupNetIP(ctx, "ip", host)
+	if isNotFound(err) {
+		return nil, nil
+	}
+	for i, ip := range ips {
+		ips[i] = ip.Unmap()
+	}
+	return ips, err
+}
+
+func (d *Discovery) url(ip netip.Addr, port uint16) string {
+	return d.scheme + "://" + netip.AddrPortFrom(ip, port).String()
+}
+
+// error names the target and the server asked: with a server of its own,
+// Go's resolver still names the system's in its errors.
+func (d *Discovery) error(err error) error {
+	if d.server != "" {
+		return fmt.Errorf("discovery %s (DNS server %s): %w", d.target, d.server, err)
+	}
+	return fmt.Errorf("discovery %s: %w", d.target, err)
+}
+
+func isNotFound(err error) bool {
+	var de *net.DNSError
+	return errors.As(err, &de) && de.IsNotFound
+}
+
+// Run resolves the target at once and then every Interval, telling
+// OnChange of each new set, until ctx is done; it returns then, having
+// started nothing that outlives it. A failed resolution is logged and
+// given to OnError, and changes nothing.
+func (d *Discovery) Run(ctx context.Context) {
+	t := time.NewTicker(d.interval)
+	defer t.Stop()
+	var last []string
+	known := false
+	for {
+		rctx, cancel := context.WithTimeout(ctx, d.timeout)
+		urls, err := d.Resolve(rctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err != nil:
+			d.opts.Log.Warn().Err(err).Str("discovery", d.target).Int("replicas_kept", len(last)).
+				Msg("DNS discovery failed; keeping the last known replicas")
+			if d.opts.OnError != nil {
+				d.opts.OnError(err)
+			}
+		case !known || !slices.Equal(urls, last):
+			known, last = true, urls
+			d.opts.OnChange(slices.Clone(urls))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,113 @@
+package replica
+
+import (
+	"errors"
+	"fmt"
+)
+
+// FullHeader is the response header with which a replica refuses a request
+// because it is at its max_ongoing_requests: a 503 carrying "FullHeader: 1"
+// means "over the limit, try another replica", never a failure (issue 5).
+// Replica hosts of this project send it; any HTTP server may.
+const FullHeader = "X-Serve-Replica-Full"
+
+// The errors below are what Upstream.Serve returns when the request failed
+// at or before the replica; a context error means the client left (or the
+// proxy's own deadline passed) instead. None of them unwraps: a dial or
+// read timeout deep inside must not look like context.DeadlineExceeded,
+// which is the proxy's own deadline (408), never the replica's (504). Err
+// holds the cause for logs.
+
+// UnreachableError is a replica that could not be reached, or whose
+// connection broke before it began its answer. The proxy answers 502.
+type UnreachableError struct {
+	Replica string // the replica's ID
+	// Sent is true when the request, or some of its body, may have reached
+	// the replica: then it must not be sent again elsewhere.
+	Sent bool
+	Err  error
+}
+
+// Error implements error.
+func (e *UnreachableError) Error() string {
+	return fmt.Sprintf("replica %s unreachable: %v", e.Replica, e.Err)
+}
+
+// Retryable reports whether the request may go to another replica: nothing
+// of it reached this one.
+func (e *UnreachableError) Retryable() bool { return !e.Sent }
+
+// TimeoutError is a replica that took the request and did not begin its
+// answer in time (the transport's ResponseHeaderTimeout). The proxy answers
+// 504.
+type TimeoutError struct {
+	Replica string // the replica's ID
+	Err     error
+}
+
+// Error implements error.
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("replica %s timed out: %v", e.Replica, e.Err)
+}
+
+// ReplicaError is a replica that failed after taking the request: a
+// malformed answer, or a body cut short after the response had begun (the
+// proxy then aborts the client's connection, since the status is sent
+// already). The proxy answers 500 when it still can.
+type ReplicaError struct {
+	Replica string // the replica's ID
+	Err     error
+}
+
+// Error implements error.
+func (e *ReplicaError) Error() string {
+	return fmt.Sprintf("replica %s failed: %v", e.Replica, e.Err)
+}
+
+// FullError is a replica that refused the request with a 503 marked by
+// FullHeader: it was at its own limit and did not run the request. Nothing
+// was written to the client. The proxy tries another replica when
+// Retryable, and answers 503 with Retry-After (back pressure) when it
+// cannot.
+type FullError struct {
+	Replica string // the replica's ID
+	// BodyLost is true when some of the request's body was sent before the
+	// refusal came and could not be kept for another try (it was longer
+	// than UpstreamOptions.RetryBodyLimit).
+	BodyLost bool
+}
+
+// Error implements error.
+func (e *FullError) Error() string {
+	if e.BodyLost {
+		return fmt.Sprintf("replica %s is full (and the request body is spent)", e.Replica)
+	}
+	return fmt.Sprintf("replica %s is full", e.Replica)
+}
+
+// Retryable reports whether the request may go to another replica.
+func (e *FullError) Retryable() bool { return !e.BodyLost }
+
+// RequestBodyError is a client's request body that could not be read while
+// it was being sent to the replica: the client left mid-upload, sent a
+// malformed chunk, or went over the proxy's body limit (it unwraps to the
+// *http.MaxBytesError then: 413).
+type RequestBodyError struct {
+	Err error
+}
+
+// Error implements error.
+func (e *RequestBodyError) Error() string { return "reading the request body: " + e.Err.Error() }
+
+// Unwrap returns the read's error.
+func (e *RequestBodyError) Unwrap() error { return e.Err }
+
+// Retryable reports whether err, from a Handle's Serve, allows the request
+// to be sent to another replica: no replica accepted it (the connection was
+// refused or broke before a byte was written, or the replica answered with
+// a FullHeader 503), its body can be sent again, and nothing was written to
+// the client. Any other error is final and mapped once.
+func Retryable(err error) bool {
+	var r interface{ Retryable() bool }
+	return errors.As(err, &r) && r.Retryable()
+}

@@ -1,0 +1,184 @@
+package replica
+
+import (
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+)
+
+// Static header values, shared by every request: the transport only reads
+// them, and their capacity is their length so that an append copies.
+var (
+	protoHTTP  = []string{"http"}
+	protoHTTPS = []string{"https"}
+	teTrailers = []string{"trailers"}
+)
+
+const (
+	eventStream  = "text/event-stream"
+	trailersWord = "trailers"
+)
+
+// isHopHeader reports whether the header named k (canonical, as net/http's
+// server and transport give them) belongs to one connection and must not be
+// forwarded (RFC 9110 section 7.6.1). "Proxy" and "Proxy-*" go too: they
+// are meant for this proxy, and "Proxy" is the httpoxy attack's header.
+func isHopHeader(k string) bool {
+	switch k {
+	case "Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Proxy":
+		return true
+	}
+	return len(k) > len("Proxy-") && k[:len("Proxy-")] == "Proxy-"
+}
+
+// hasToken reports whether one of the comma-separated lists in values holds
+// token, compared without case, as Connection and TE values are.
+func hasToken(values []string, token string) bool {
+	for _, v := range values {
+		for v != "" {
+			var t string
+			t, v, _ = strings.Cut(v, ",")
+			if strings.EqualFold(strings.Trim(t, " \t"), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// forwardedFor returns the client address the proxy saw, from a
+// RemoteAddr of the form host:port, and whether that peer is trusted to
+// have set X-Forwarded-* itself.
+func forwardedFor(remoteAddr string, trusted []netip.Prefix) (ip string, ok, trust bool) {
+	host, _, err := net.SplitHostPort(remoteAddr)
+	if err != nil || host == "" {
+		return "", false, false
+	}
+	if len(trusted) == 0 {
+		return host, true, false
+	}
+	addr, err := netip.ParseAddr(host)
+	if err != nil {
+		return host, true, false
+	}
+	addr = addr.Unmap().WithZone("")
+	for _, p := range trusted {
+		if p.Contains(addr) {
+			return host, true, true
+		}
+	}
+	return host, true, false
+}
+
+// requestHeader builds the header sent to the replica: the client's, less
+// the hop-by-hop ones and those the Connection header names, with
+// X-Forwarded-For, -Proto and -Host set from what the proxy saw. An
+// incoming X-Forwarded-For is appended to, and an incoming -Proto or -Host
+// kept, only when the peer is in the trusted set (a load balancer in front
+// of the proxy); from anyone else they are replaced, so that a client
+// cannot forge its address. Value slices are shared with r.Header, never
+// written through.
+func (u *Upstream) requestHeader(o *outgoing, r *http.Request) http.Header {
+	in := r.Header
+	conn := in["Connection"]
+	h := make(http.Header, len(in)+4)
+	for k, vv := range in {
+		if isHopHeader(k) || (len(conn) > 0 && hasToken(conn, k)) {
+			continue
+		}
+		switch k {
+		case "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host":
+			continue // set below
+		}
+		h[k] = vv
+	}
+	// Tell the replica that trailers can be passed on, when the client
+	// said it takes them (gRPC-style servers check).
+	if hasToken(in["Te"], trailersWord) {
+		h["Te"] = teTrailers
+	}
+	if _, ok := in["User-Agent"]; !ok {
+		h["User-Agent"] = nil // present but empty: the transport sends no Go user agent
+	}
+
+	ip, ok, trust := forwardedFor(r.RemoteAddr, u.trusted)
+	if ok {
+		prior := in["X-Forwarded-For"]
+		switch {
+		case trust && len(prior) == 1:
+			o.xff[0] = prior[0] + ", " + ip
+		case trust && len(prior) > 1:
+			o.xff[0] = strings.Join(prior, ", ") + ", " + ip
+		default:
+			o.xff[0] = ip
+		}
+		h["X-Forwarded-For"] = o.xff[:]
+	}
+	if v := in["X-Forwarded-Proto"]; trust && len(v) > 0 {
+		h["X-Forwarded-Proto"] = v
+	} else if r.TLS != nil {
+		h["X-Forwarded-Proto"] = protoHTTPS
+	} else {
+		h["X-Forwarded-Proto"] = protoHTTP
+	}
+	if v := in["X-Forwarded-Host"]; trust && len(v) > 0 {
+		h["X-Forwarded-Host"] = v
+	} else if r.Host != "" {
+		o.xfh[0] = r.Host
+		h["X-Forwarded-Host"] = o.xfh[:]
+	}
+	if u.via != "" {
+		prior := in["Via"]
+		h["Via"] = append(prior[:len(prior):len(prior)], u.via)
+	}
+	return h
+}
+
+// copyResponseHeader adds the replica's response header to dst (the
+// client's response), less the hop-by-hop headers and FullHeader. A header
+// the proxy has set already (X-Request-Id) keeps its value when the
+// replica echoes the same one, and gets the replica's appended otherwise.
+func (u *Upstream) copyResponseHeader(dst, src http.Header) {
+	conn := src["Connection"]
+	for k, vv := range src {
+		if isHopHeader(k) || k == FullHeader || (len(conn) > 0 && hasToken(conn, k)) {
+			continue
+		}
+		have, ok := dst[k]
+		switch {
+		case !ok:
+			dst[k] = vv
+		case !equalValues(have, vv):
+			dst[k] = append(have[:len(have):len(have)], vv...)
+		}
+	}
+	if u.via != "" {
+		prior := dst["Via"]
+		dst["Via"] = append(prior[:len(prior):len(prior)], u.via)
+	}
+}
+
+func equalValues(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// streams reports whether a response must be flushed after every read, as
+// httputil.ReverseProxy does with a FlushInterval of -1: server-sent
+// events, and any body of unknown length (chunked, or until close), which
+// is how a server says it streams.
+func streams(res *http.Response) bool {
+	if res.ContentLength == -1 {
+		return true
+	}
+	ct := res.Header["Content-Type"]
+	return len(ct) > 0 && len(ct[0]) >= len(eventStream) && strings.EqualFold(ct[0][:len(eventStream)], eventStream)
+}
