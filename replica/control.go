@@ -103,7 +103,7 @@ func (l *Local) Call(ctx context.Context, method string, payload []byte) ([]byte
 	case MethodStats:
 		return json.Marshal(l.Stats())
 	case MethodDrain:
-		return nil, l.drain(ctx)
+		return nil, drain(ctx, l)
 	case MethodSetGC:
 		// An in-process replica shares the proxy's garbage collector,
 		// which the proxy tunes itself (PUT /-/gc).
@@ -113,16 +113,7 @@ func (l *Local) Call(ctx context.Context, method string, payload []byte) ([]byte
 }
 
 // Stats returns the replica's own counts.
-func (l *Local) Stats() Stats {
-	return Stats{
-		ID:         l.id,
-		State:      l.State(),
-		Ongoing:    l.Ongoing(),
-		Peak:       l.Peak(),
-		MaxOngoing: l.MaxOngoing(),
-		Served:     l.Served(),
-	}
-}
+func (l *Local) Stats() Stats { return statsOf(l) }
 
 // checkHealth runs the handler's health check, if it has one: a handler
 // without one is healthy while it runs.
@@ -138,16 +129,40 @@ func (l *Local) checkHealth(ctx context.Context) error {
 	return hc.CheckHealth(ctx)
 }
 
-// drain stops the replica taking requests and waits for the ones it holds;
-// once they are done it is stopped.
-func (l *Local) drain(ctx context.Context) error {
-	if l.State() == StateStopped {
+// counted is what answering MethodStats and MethodDrain needs of a replica,
+// local or remote.
+type counted interface {
+	ID() string
+	State() State
+	SetState(State)
+	Ongoing() int
+	MaxOngoing() int
+	Peak() int
+	Served() uint64
+}
+
+// statsOf returns r's own counts.
+func statsOf(r counted) Stats {
+	return Stats{
+		ID:         r.ID(),
+		State:      r.State(),
+		Ongoing:    r.Ongoing(),
+		Peak:       r.Peak(),
+		MaxOngoing: r.MaxOngoing(),
+		Served:     r.Served(),
+	}
+}
+
+// drain stops r taking requests and waits for the ones it holds; once they
+// are done it is stopped.
+func drain(ctx context.Context, r counted) error {
+	if r.State() == StateStopped {
 		return nil
 	}
-	l.SetState(StateDraining)
-	if err := waitIdle(ctx, l); err != nil {
+	r.SetState(StateDraining)
+	if err := waitIdle(ctx, r); err != nil {
 		return err
 	}
-	l.SetState(StateStopped)
+	r.SetState(StateStopped)
 	return nil
 }

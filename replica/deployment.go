@@ -1,12 +1,9 @@
 package replica
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -19,13 +16,33 @@ import (
 type DeploymentSpec struct {
 	App                     string
 	Name                    string
-	Factory                 Factory
+	Factory                 Factory // builds each in-process replica's handler
 	UserConfig              json.RawMessage
 	NumReplicas             int
 	MaxOngoingRequests      int
 	HealthCheckPeriod       time.Duration
 	HealthCheckTimeout      time.Duration
 	GracefulShutdownTimeout time.Duration
+
+	// MaxConstructorRetryCount is how many replica starts in a row may
+	// fail before the deployment stops trying (until the next Scale). If
+	// 0, there is no limit.
+	MaxConstructorRetryCount int
+
+	// Start, if not nil, builds each replica instead of Factory: a
+	// replica elsewhere, such as a process (handler command). It returns
+	// once the replica serves, or fails within ctx; onRelease is to be
+	// called each time one of the replica's slots is freed.
+	Start func(ctx context.Context, id string, onRelease func()) (Replica, error)
+
+	// Connect, if not nil, makes the replicas follow a set of targets
+	// (handler upstream) instead of NumReplicas: one replica per target,
+	// built by Connect, with Targets the first set and SetTargets the next
+	// ones. Nothing here can start such a replica, so one that fails its
+	// health checks leaves routing until it passes again, instead of being
+	// replaced.
+	Connect func(id, target string, onRelease func()) (Replica, error)
+	Targets []string
 }
 
 // Hooks connect a deployment to the router and the log.
@@ -66,6 +83,14 @@ type Deployment struct {
 	replicas []Replica       // in routing order; the running ones take requests
 	retired  []Replica       // taken out of routing, finishing their requests
 	failures map[Replica]int // consecutive failed health checks
+	// excluded are replicas kept out of routing until a health check
+	// passes: unreachable, or (with Connect) unhealthy.
+	excluded map[Replica]bool
+	targets  map[Replica]string // each replica's target, with Connect
+	// startFailures counts replica starts failed in a row; past
+	// MaxConstructorRetryCount, gaveUp stops the attempts.
+	startFailures int
+	gaveUp        bool
 	// pool holds replicas and retired, in that order: rebuilt (cheaply)
 	// whenever they change, so a Broadcast reads a fixed membership.
 	pool *Pool
@@ -75,47 +100,43 @@ type Deployment struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	wake   chan struct{} // asks the starter for missing replicas; buffered
 }
 
-// NewDeployment builds spec.NumReplicas replicas, each with its own Handler
-// from spec.Factory. They take requests once Start is called.
+// NewDeployment builds the deployment's replicas: spec.NumReplicas from
+// spec.Factory or spec.Start, or one per spec.Targets with spec.Connect.
+// They take requests once Start is called. A Factory or Connect error
+// fails it (a bad config); a Start error does not: the replicas that
+// started serve, and the others are retried with backoff.
 func NewDeployment(spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
-	d := &Deployment{spec: spec, hooks: hooks, failures: make(map[Replica]int)}
+	d := &Deployment{
+		spec: spec, hooks: hooks,
+		failures: make(map[Replica]int), excluded: make(map[Replica]bool), targets: make(map[Replica]string),
+		wake: make(chan struct{}, 1),
+	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
-	for range spec.NumReplicas {
-		l, err := d.newReplica(spec.UserConfig)
-		if err != nil {
-			return nil, err
+	switch {
+	case spec.Connect != nil:
+		for _, t := range spec.Targets {
+			r, err := d.connect(t)
+			if err != nil {
+				return nil, err
+			}
+			d.replicas = append(d.replicas, r)
 		}
-		d.replicas = append(d.replicas, l)
+	case spec.Start != nil:
+		d.replicas = d.startMany(spec.NumReplicas)
+	default:
+		for range spec.NumReplicas {
+			r, err := d.newReplica(d.ctx, spec.UserConfig)
+			if err != nil {
+				return nil, err
+			}
+			d.replicas = append(d.replicas, r)
+		}
 	}
 	d.rebuildPoolLocked()
 	return d, nil
-}
-
-// newReplica builds a replica with the user's factory; a panic in the
-// factory is an error, not a crash.
-func (d *Deployment) newReplica(userConfig json.RawMessage) (r Replica, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = fmt.Errorf("application %q deployment %q: handler factory panicked: %v", d.spec.App, d.spec.Name, v)
-		}
-	}()
-	h, err := d.spec.Factory(userConfig)
-	if err != nil {
-		return nil, fmt.Errorf("application %q deployment %q: %w", d.spec.App, d.spec.Name, err)
-	}
-	return NewLocal(d.spec.Name+"#"+randomSuffix(), h, d.spec.MaxOngoingRequests, d.hooks.OnRelease), nil
-}
-
-// randomSuffix returns six lowercase letters, as Serve's replica ids end.
-func randomSuffix() string {
-	const letters = "abcdefghijklmnopqrstuvwxyz"
-	b := make([]byte, 6)
-	for i := range b {
-		b[i] = letters[rand.IntN(len(letters))]
-	}
-	return string(b)
 }
 
 // App returns the deployment's application name.
@@ -142,11 +163,15 @@ func (d *Deployment) log() *zerolog.Logger {
 // which runs until Stop.
 func (d *Deployment) Start() {
 	d.mu.Lock()
-	for _, l := range d.replicas {
-		l.SetState(StateRunning)
+	for _, r := range d.replicas {
+		r.SetState(StateRunning)
+		d.watchExitLocked(r)
 	}
 	d.publishLocked()
 	d.mu.Unlock()
+	d.wg.Add(1)
+	go d.starter(d.ctx)
+	d.kick() // for replicas that failed to start in NewDeployment
 	if d.spec.HealthCheckPeriod > 0 {
 		d.wg.Add(1)
 		go d.healthLoop(d.ctx)
@@ -161,13 +186,13 @@ func (d *Deployment) Replicas() []Replica {
 	return slices.Clone(d.replicas)
 }
 
-// Running returns how many replicas take requests.
+// Running returns how many replicas take requests (are routable).
 func (d *Deployment) Running() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	n := 0
-	for _, l := range d.replicas {
-		if l.State() == StateRunning {
+	for _, r := range d.replicas {
+		if r.State() == StateRunning && !d.excluded[r] {
 			n++
 		}
 	}
@@ -181,9 +206,9 @@ func (d *Deployment) publishLocked() {
 		return
 	}
 	hs := make([]Handle, 0, len(d.replicas))
-	for _, l := range d.replicas {
-		if l.State() == StateRunning {
-			hs = append(hs, l)
+	for _, r := range d.replicas {
+		if r.State() == StateRunning && !d.excluded[r] {
+			hs = append(hs, r)
 		}
 	}
 	d.hooks.OnChange(hs)
@@ -231,8 +256,8 @@ func (d *Deployment) Stats(ctx context.Context) []ReplicaStatus {
 	d.mu.Lock()
 	pool := d.pool
 	healthy := make(map[string]bool, len(d.replicas))
-	for _, l := range d.replicas {
-		healthy[l.ID()] = l.State() == StateRunning && d.failures[l] < 1
+	for _, r := range d.replicas {
+		healthy[r.ID()] = r.State() == StateRunning && d.failures[r] < 1 && !d.excluded[r]
 	}
 	d.mu.Unlock()
 	results := pool.Broadcast(ctx, Call{Method: MethodStats})
@@ -249,165 +274,6 @@ func (d *Deployment) Stats(ctx context.Context) []ReplicaStatus {
 		out[i] = s
 	}
 	return out
-}
-
-// Reconfigure gives every replica userConfig through one broadcast, while
-// requests keep flowing, and makes it the config of replicas built from
-// now on. It returns each replica's result, in routing order. A replica
-// whose reconfigure failed has been taken out of routing and is being
-// replaced by one built with userConfig. If no replica took it, nothing
-// changed: the old user_config stays and the error wraps ErrRejected (and
-// ErrNotReconfigurable when the handler takes none).
-func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage) ([]Result, error) {
-	d.control.Lock()
-	defer d.control.Unlock()
-	d.mu.Lock()
-	old := d.spec.UserConfig
-	d.spec.UserConfig = userConfig
-	targets := slices.Clone(d.replicas)
-	pool := d.pool
-	d.mu.Unlock()
-
-	results := d.broadcastTo(ctx, Call{Method: MethodReconfigure, Payload: userConfig}, pool, targets)
-	failed := 0
-	var firstErr error
-	for _, r := range results {
-		if r.Err != nil {
-			failed++
-			firstErr = cmp.Or(firstErr, r.Err)
-		}
-	}
-	log := d.log()
-	if len(targets) > 0 && failed == len(targets) {
-		d.mu.Lock()
-		d.spec.UserConfig = old
-		d.mu.Unlock()
-		log.Warn().Err(firstErr).Int("replicas", len(targets)).Msg("user_config rejected by every replica; nothing changed")
-		return results, fmt.Errorf("%w: %w", ErrRejected, firstErr)
-	}
-	d.mu.Lock()
-	for i, r := range results {
-		if r.Err != nil {
-			log.Error().Str("replica", r.Actor).Err(r.Err).Msg("replica failed to reconfigure: taken out of routing, to be replaced")
-			d.retireLocked(targets[i])
-		}
-	}
-	d.mu.Unlock()
-	log.Info().Int("replicas", len(targets)).Int("failed", failed).Msg("user_config reconfigured")
-	_ = d.topUpHeld(ctx) // a replacement that fails to build is logged, and retried each period
-	return results, nil
-}
-
-// Scale changes the number of replicas live: new replicas start (built
-// with the current user_config) and take requests once built; extra ones
-// leave routing at once and drain in the background, for up to
-// graceful_shutdown_timeout_s. It returns the error of a replica that
-// could not be built (the deployment keeps trying each health period).
-func (d *Deployment) Scale(ctx context.Context, n int) error {
-	if n < 1 {
-		return fmt.Errorf("num_replicas must be >= 1, got %d", n)
-	}
-	d.control.Lock()
-	defer d.control.Unlock()
-	d.mu.Lock()
-	from := len(d.replicas)
-	d.spec.NumReplicas = n
-	if extra := len(d.replicas) - n; extra > 0 {
-		// The newest go first: the oldest have warm caches.
-		victims := slices.Clone(d.replicas[n:])
-		for _, l := range victims {
-			d.retireLocked(l)
-		}
-	}
-	d.mu.Unlock()
-	d.log().Info().Int("from", from).Int("to", n).Msg("num_replicas changed")
-	return d.topUpHeld(ctx)
-}
-
-// SetGC broadcasts MethodSetGC with payload to every replica and returns
-// their results in pool order.
-func (d *Deployment) SetGC(ctx context.Context, payload []byte) []Result {
-	d.mu.Lock()
-	pool := d.pool
-	d.mu.Unlock()
-	return pool.Broadcast(ctx, Call{Method: MethodSetGC, Payload: payload})
-}
-
-// retireLocked takes l out of routing and drains it in the background
-// (MethodDrain through the pool), for up to graceful_shutdown_timeout_s or
-// until Stop. d.mu must be held.
-func (d *Deployment) retireLocked(old Replica) {
-	i := slices.Index(d.replicas, old)
-	if i < 0 {
-		return // retired already
-	}
-	d.replicas = slices.Delete(d.replicas, i, i+1)
-	old.SetState(StateDraining) // refused at once, even from a stale snapshot
-	delete(d.failures, old)
-	d.retired = append(d.retired, old)
-	d.rebuildPoolLocked()
-	d.publishLocked()
-	pool := d.pool
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		ctx, cancel := context.WithTimeout(d.ctx, d.spec.GracefulShutdownTimeout)
-		defer cancel()
-		r := pool.Broadcast(ctx, Call{Method: MethodDrain}, old.ID())[0]
-		if r.Err != nil && d.ctx.Err() != nil {
-			return // Stop drains it with its own deadline
-		}
-		if r.Err != nil {
-			d.log().Warn().Str("replica", old.ID()).Int("ongoing", old.Ongoing()).
-				Msg("replica still busy at graceful_shutdown_timeout_s: stopped anyway")
-		}
-		old.SetState(StateStopped)
-		d.mu.Lock()
-		if i := slices.Index(d.retired, old); i >= 0 {
-			d.retired = slices.Delete(d.retired, i, i+1)
-			d.rebuildPoolLocked()
-		}
-		d.mu.Unlock()
-	}()
-}
-
-// topUp starts replicas until the deployment has num_replicas again.
-func (d *Deployment) topUp() {
-	d.control.Lock()
-	defer d.control.Unlock()
-	_ = d.topUpHeld(d.ctx)
-}
-
-// topUpHeld is topUp with d.control held. The factory runs without d.mu
-// held (it may load a model); one that fails is logged, and tried again
-// next period. It returns the factory's error.
-func (d *Deployment) topUpHeld(ctx context.Context) error {
-	log := d.log()
-	for {
-		d.mu.Lock()
-		missing := d.spec.NumReplicas - len(d.replicas)
-		userConfig := d.spec.UserConfig
-		d.mu.Unlock()
-		if missing <= 0 || d.ctx.Err() != nil || ctx.Err() != nil {
-			return ctx.Err()
-		}
-		l, err := d.newReplica(userConfig)
-		if err != nil {
-			log.Error().Err(err).Int("missing_replicas", missing).Msg("starting a replica failed; retrying next health period")
-			return err
-		}
-		d.mu.Lock()
-		if d.ctx.Err() != nil {
-			d.mu.Unlock()
-			return nil
-		}
-		l.SetState(StateRunning)
-		d.replicas = append(d.replicas, l)
-		d.rebuildPoolLocked()
-		d.publishLocked()
-		d.mu.Unlock()
-		log.Info().Str("replica", l.ID()).Msg("replica started")
-	}
 }
 
 // Stop ends the health-check loop, takes every replica out of routing and
@@ -433,15 +299,24 @@ func (d *Deployment) Stop(ctx context.Context) error {
 			err = r.Err
 		}
 	}
-	for _, l := range all {
-		l.SetState(StateStopped)
+	var wg sync.WaitGroup
+	for _, r := range all {
+		r.SetState(StateStopped)
+		if s, ok := r.(Stopper); ok {
+			wg.Go(func() {
+				if e := s.Stop(ctx); e != nil {
+					d.log().Warn().Str("replica", r.ID()).Err(e).Msg("stopping a replica")
+				}
+			})
+		}
 	}
+	wg.Wait()
 	return err
 }
 
 // waitIdle polls until l holds no request or ctx is done. Polling is fine:
 // it runs only while stopping a replica.
-func waitIdle(ctx context.Context, l Handle) error {
+func waitIdle(ctx context.Context, l interface{ Ongoing() int }) error {
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
 	for l.Ongoing() > 0 {

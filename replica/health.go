@@ -17,7 +17,7 @@ func (d *Deployment) healthLoop(ctx context.Context) {
 			return
 		case <-t.C:
 			d.checkHealth(ctx)
-			d.topUp()
+			d.kick() // and retry starts that failed
 		}
 	}
 }
@@ -52,28 +52,42 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 	}
 }
 
-// recordHealth counts a check's result; the unhealthyAfter-th failure in a
-// row takes the replica out of routing (topUp replaces it).
-func (d *Deployment) recordHealth(l Replica, err error) {
+// recordHealth counts a check's result. The unhealthyAfter-th failure in
+// a row takes the replica out of routing: to be replaced (topUp), or, for
+// a deployment that follows targets, until a check passes again.
+func (d *Deployment) recordHealth(r Replica, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	log := d.log().With().Str("replica", l.ID()).Logger()
+	log := d.log().With().Str("replica", r.ID()).Logger()
 	if err == nil {
-		if d.failures[l] > 0 {
+		if d.failures[r] > 0 {
 			log.Info().Msg("replica passed its health check again")
 		}
-		d.failures[l] = 0
+		d.failures[r] = 0
+		if d.excluded[r] {
+			delete(d.excluded, r)
+			d.publishLocked()
+			log.Info().Msg("replica healthy: back in routing")
+		}
 		return
 	}
-	if l.State() != StateRunning {
+	if r.State() != StateRunning {
 		return // retired meanwhile
 	}
-	d.failures[l]++
-	n := d.failures[l]
+	d.failures[r]++
+	n := d.failures[r]
 	log.Warn().Err(err).Int("consecutive_failures", n).Msg("replica failed its health check")
 	if n < unhealthyAfter {
 		return
 	}
+	if d.spec.Connect != nil {
+		if !d.excluded[r] {
+			d.excluded[r] = true
+			d.publishLocked()
+			log.Error().Int("consecutive_failures", n).Msg("replica unhealthy: out of routing until it passes a health check")
+		}
+		return
+	}
 	log.Error().Int("consecutive_failures", n).Msg("replica unhealthy: taken out of routing, to be replaced")
-	d.retireLocked(l)
+	d.retireLocked(r)
 }

@@ -1,0 +1,177 @@
+package replica
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// ErrFixedReplicas is Scale's error for a deployment whose replicas follow
+// their targets (handler upstream): their number is the targets'.
+var ErrFixedReplicas = errors.New("the replicas are its upstreams: change the upstreams or the DNS records, not num_replicas")
+
+// Reconfigure gives every replica userConfig through one broadcast, while
+// requests keep flowing, and makes it the config of replicas built from
+// now on. It returns each replica's result, in routing order. A replica
+// whose reconfigure failed has been taken out of routing and is being
+// replaced by one built with userConfig. If no replica took it, nothing
+// changed: the old user_config stays and the error wraps ErrRejected (and
+// ErrNotReconfigurable when the handler takes none).
+func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage) ([]Result, error) {
+	d.control.Lock()
+	defer d.control.Unlock()
+	d.mu.Lock()
+	old := d.spec.UserConfig
+	d.spec.UserConfig = userConfig
+	targets := slices.Clone(d.replicas)
+	pool := d.pool
+	d.mu.Unlock()
+
+	results := d.broadcastTo(ctx, Call{Method: MethodReconfigure, Payload: userConfig}, pool, targets)
+	failed := 0
+	var firstErr error
+	for _, r := range results {
+		if r.Err != nil {
+			failed++
+			firstErr = cmp.Or(firstErr, r.Err)
+		}
+	}
+	log := d.log()
+	if len(targets) > 0 && failed == len(targets) {
+		d.mu.Lock()
+		d.spec.UserConfig = old
+		d.mu.Unlock()
+		log.Warn().Err(firstErr).Int("replicas", len(targets)).Msg("user_config rejected by every replica; nothing changed")
+		return results, fmt.Errorf("%w: %w", ErrRejected, firstErr)
+	}
+	d.mu.Lock()
+	for i, r := range results {
+		if r.Err != nil {
+			log.Error().Str("replica", r.Actor).Err(r.Err).Msg("replica failed to reconfigure: taken out of routing, to be replaced")
+			d.retireLocked(targets[i])
+		}
+	}
+	d.mu.Unlock()
+	log.Info().Int("replicas", len(targets)).Int("failed", failed).Msg("user_config reconfigured")
+	_ = d.topUpHeld(ctx) // a replacement that fails to start is logged and retried by the starter
+	return results, nil
+}
+
+// Scale changes the number of replicas live: new replicas start (built
+// with the current user_config) and take requests once built; extra ones
+// leave routing at once and drain in the background, for up to
+// graceful_shutdown_timeout_s. It returns the error of a replica that
+// could not be built (the starter keeps trying). A deployment that had
+// given up starting replicas tries again.
+func (d *Deployment) Scale(ctx context.Context, n int) error {
+	if d.spec.Connect != nil {
+		return ErrFixedReplicas
+	}
+	if n < 1 {
+		return fmt.Errorf("num_replicas must be >= 1, got %d", n)
+	}
+	d.control.Lock()
+	defer d.control.Unlock()
+	d.mu.Lock()
+	from := len(d.replicas)
+	d.spec.NumReplicas = n
+	d.gaveUp, d.startFailures = false, 0
+	if len(d.replicas) > n {
+		// The newest go first: the oldest have warm caches.
+		for _, r := range slices.Clone(d.replicas[n:]) {
+			d.retireLocked(r)
+		}
+	}
+	d.mu.Unlock()
+	d.log().Info().Int("from", from).Int("to", n).Msg("num_replicas changed")
+	return d.topUpHeld(ctx)
+}
+
+// SetTargets makes the replicas of a Connect deployment follow targets: a
+// replica is connected for each new target, and the replicas of targets
+// gone leave routing and drain. An empty set is valid: every replica is
+// gone, and requests get 503 "No replicas are available".
+func (d *Deployment) SetTargets(targets []string) error {
+	if d.spec.Connect == nil {
+		return errors.New("SetTargets: the deployment does not follow targets")
+	}
+	d.control.Lock()
+	defer d.control.Unlock()
+	want := make(map[string]bool, len(targets))
+	for _, t := range targets {
+		want[t] = true
+	}
+	d.mu.Lock()
+	have := make(map[string]bool, len(d.replicas))
+	var gone []Replica
+	for _, r := range d.replicas {
+		t := d.targets[r]
+		have[t] = true
+		if !want[t] {
+			gone = append(gone, r)
+		}
+	}
+	d.mu.Unlock()
+
+	var added []Replica
+	var errs []error
+	for _, t := range targets {
+		if have[t] {
+			continue
+		}
+		have[t] = true // a target listed twice is one replica
+		r, err := d.connect(t)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		added = append(added, r)
+	}
+	log := d.log()
+	d.mu.Lock()
+	for _, r := range gone {
+		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica gone from discovery: draining")
+		d.retireLocked(r)
+	}
+	for _, r := range added {
+		r.SetState(StateRunning)
+		d.replicas = append(d.replicas, r)
+		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica added by discovery")
+	}
+	d.spec.NumReplicas = len(d.replicas)
+	d.rebuildPoolLocked()
+	d.publishLocked()
+	d.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// SetGC broadcasts MethodSetGC with payload to every replica and returns
+// their results in pool order.
+func (d *Deployment) SetGC(ctx context.Context, payload []byte) []Result {
+	d.mu.Lock()
+	pool := d.pool
+	d.mu.Unlock()
+	return pool.Broadcast(ctx, Call{Method: MethodSetGC, Payload: payload})
+}
+
+// ReportUnreachable takes a replica the proxy could not reach (its
+// connection was refused, say) out of routing at once, without waiting for
+// its health checks, so that the next requests go elsewhere. It counts as
+// a failed health check; one that passes brings it back.
+func (d *Deployment) ReportUnreachable(h Handle) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, r := range d.replicas {
+		if Handle(r) != h || d.excluded[r] {
+			continue
+		}
+		d.excluded[r] = true
+		d.failures[r] = max(d.failures[r], 1)
+		d.publishLocked()
+		d.log().Warn().Str("replica", r.ID()).Msg("replica unreachable: out of routing until a health check passes")
+		return
+	}
+}

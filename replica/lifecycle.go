@@ -1,0 +1,269 @@
+package replica
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Backoff between failed replica starts: doubling from startBackoffMin,
+// at most startBackoffMax.
+const (
+	startBackoffMin = 100 * time.Millisecond
+	startBackoffMax = 30 * time.Second
+)
+
+// newID returns a new replica id: the deployment's name and six letters,
+// as Serve's replica ids are.
+func (d *Deployment) newID() string {
+	const letters = "abcdefghijklmnopqrstuvwxyz"
+	b := make([]byte, 6)
+	for i := range b {
+		b[i] = letters[rand.IntN(len(letters))]
+	}
+	return d.spec.Name + "#" + string(b)
+}
+
+// newReplica builds a replica with spec.Start, or in process with the
+// user's factory; a panic in either is an error, not a crash.
+func (d *Deployment) newReplica(ctx context.Context, userConfig json.RawMessage) (r Replica, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("application %q deployment %q: starting a replica panicked: %v", d.spec.App, d.spec.Name, v)
+		}
+	}()
+	id := d.newID()
+	if d.spec.Start != nil {
+		if d.spec.HealthCheckTimeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, d.spec.HealthCheckTimeout)
+			defer cancel()
+		}
+		r, err = d.spec.Start(ctx, id, d.hooks.OnRelease)
+	} else {
+		var h Handler
+		if h, err = d.spec.Factory(userConfig); err == nil {
+			r = NewLocal(id, h, d.spec.MaxOngoingRequests, d.hooks.OnRelease)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("application %q deployment %q: %w", d.spec.App, d.spec.Name, err)
+	}
+	return r, nil
+}
+
+// startMany starts n replicas with spec.Start at once (each may take
+// seconds to become healthy) and returns those that started; the failures
+// are logged and counted, for the starter to retry.
+func (d *Deployment) startMany(n int) []Replica {
+	got := make([]Replica, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			r, err := d.newReplica(d.ctx, d.spec.UserConfig)
+			if err != nil {
+				d.log().Error().Err(err).Msg("starting a replica failed; retrying with backoff")
+				d.mu.Lock()
+				d.startFailures++
+				d.mu.Unlock()
+				return
+			}
+			got[i] = r
+		})
+	}
+	wg.Wait()
+	return slices.DeleteFunc(got, func(r Replica) bool { return r == nil })
+}
+
+// connect builds the replica of a target with spec.Connect.
+func (d *Deployment) connect(target string) (Replica, error) {
+	r, err := d.spec.Connect(d.newID(), target, d.hooks.OnRelease)
+	if err != nil {
+		return nil, fmt.Errorf("application %q deployment %q: %w", d.spec.App, d.spec.Name, err)
+	}
+	d.mu.Lock()
+	d.targets[r] = target
+	d.mu.Unlock()
+	return r, nil
+}
+
+// retireLocked takes r out of routing and drains it in the background
+// (MethodDrain through the pool), for up to graceful_shutdown_timeout_s or
+// until Stop, then stops it; the starter replaces it. d.mu must be held.
+func (d *Deployment) retireLocked(old Replica) {
+	i := slices.Index(d.replicas, old)
+	if i < 0 {
+		return // retired already
+	}
+	d.replicas = slices.Delete(d.replicas, i, i+1)
+	old.SetState(StateDraining) // refused at once, even from a stale snapshot
+	delete(d.failures, old)
+	delete(d.excluded, old)
+	d.retired = append(d.retired, old)
+	d.rebuildPoolLocked()
+	d.publishLocked()
+	d.kick()
+	pool := d.pool
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		ctx, cancel := context.WithTimeout(d.ctx, d.spec.GracefulShutdownTimeout)
+		defer cancel()
+		r := pool.Broadcast(ctx, Call{Method: MethodDrain}, old.ID())[0]
+		if r.Err != nil && d.ctx.Err() != nil {
+			return // Stop drains and stops it with its own deadline
+		}
+		if r.Err != nil {
+			d.log().Warn().Str("replica", old.ID()).Int("ongoing", old.Ongoing()).
+				Msg("replica still busy at graceful_shutdown_timeout_s: stopped anyway")
+		}
+		old.SetState(StateStopped)
+		if s, ok := old.(Stopper); ok {
+			if err := s.Stop(ctx); err != nil {
+				d.log().Warn().Str("replica", old.ID()).Err(err).Msg("stopping a replica")
+			}
+		}
+		d.mu.Lock()
+		if i := slices.Index(d.retired, old); i >= 0 {
+			d.retired = slices.Delete(d.retired, i, i+1)
+			delete(d.targets, old)
+			d.rebuildPoolLocked()
+		}
+		d.mu.Unlock()
+	}()
+}
+
+// watchExitLocked replaces r as soon as it exits on its own, if it can (a
+// process). d.mu must be held.
+func (d *Deployment) watchExitLocked(r Replica) {
+	e, ok := r.(exiter)
+	if !ok {
+		return
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-e.Exited():
+		}
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if !slices.Contains(d.replicas, r) {
+			return // retired first
+		}
+		how := "exited"
+		if c, ok := r.(*commandReplica); ok {
+			how = exitText(c.exitError())
+		}
+		d.log().Error().Str("replica", r.ID()).Str("exit", how).Msg("replica process exited: replacing it")
+		d.retireLocked(r)
+	}()
+}
+
+// kick asks the starter to start the missing replicas; it never blocks.
+func (d *Deployment) kick() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// starter starts missing replicas whenever kicked (a replica retired or
+// exited, a health period passed), until ctx ends. A failed start is
+// retried with backoff; after MaxConstructorRetryCount failures in a row it
+// gives up until the next Scale, with an error in the log.
+func (d *Deployment) starter(ctx context.Context) {
+	defer d.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.wake:
+		}
+		for ctx.Err() == nil {
+			err := d.topUp()
+			if err == nil {
+				break
+			}
+			d.mu.Lock()
+			n, gaveUp := d.startFailures, d.gaveUp
+			d.mu.Unlock()
+			if gaveUp {
+				break
+			}
+			wait := min(startBackoffMin<<min(n-1, 20), startBackoffMax)
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+	}
+}
+
+// topUp starts replicas until the deployment has num_replicas again.
+func (d *Deployment) topUp() error {
+	d.control.Lock()
+	defer d.control.Unlock()
+	return d.topUpHeld(d.ctx)
+}
+
+// topUpHeld is topUp with d.control held. Replicas are built without d.mu
+// held (a factory may load a model, a process may take seconds). It
+// returns the first failure, counted towards MaxConstructorRetryCount.
+func (d *Deployment) topUpHeld(ctx context.Context) error {
+	if d.spec.Connect != nil {
+		return nil // the targets give the replicas
+	}
+	log := d.log()
+	for {
+		d.mu.Lock()
+		missing := d.spec.NumReplicas - len(d.replicas)
+		userConfig, gaveUp := d.spec.UserConfig, d.gaveUp
+		d.mu.Unlock()
+		if missing <= 0 || gaveUp || d.ctx.Err() != nil || ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r, err := d.newReplica(ctx, userConfig)
+		if err != nil {
+			d.mu.Lock()
+			d.startFailures++
+			n := d.startFailures
+			if limit := d.spec.MaxConstructorRetryCount; limit > 0 && n >= limit {
+				d.gaveUp = true
+			}
+			gaveUp := d.gaveUp
+			d.mu.Unlock()
+			if gaveUp {
+				log.Error().Err(err).Int("failed_starts", n).Int("missing_replicas", missing).
+					Msg("deployment unhealthy: max_constructor_retry_count replica starts failed in a row; no more attempts until num_replicas is set again")
+			} else {
+				log.Error().Err(err).Int("failed_starts", n).Int("missing_replicas", missing).Msg("starting a replica failed; retrying with backoff")
+			}
+			return err
+		}
+		d.mu.Lock()
+		if d.ctx.Err() != nil {
+			d.mu.Unlock()
+			if s, ok := r.(Stopper); ok {
+				_ = s.Stop(context.Background())
+			}
+			return nil
+		}
+		d.startFailures = 0
+		r.SetState(StateRunning)
+		d.replicas = append(d.replicas, r)
+		d.watchExitLocked(r)
+		d.rebuildPoolLocked()
+		d.publishLocked()
+		d.mu.Unlock()
+		log.Info().Str("replica", r.ID()).Msg("replica started")
+	}
+}
