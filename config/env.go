@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"reflect"
 	"slices"
 	"strconv"
@@ -78,6 +79,17 @@ type Env struct {
 	// limit: a size ("512MiB"), a ratio of the cgroup's memory limit
 	// ("0.9"), or "none". The default is 0.9.
 	GCMemoryLimit MemoryLimit `env:"GC_MEMORY_LIMIT" envDefault:"0.9"`
+
+	// TrustedProxies, from PROXY_TRUSTED_PROXIES (comma-separated IPs or
+	// CIDR prefixes, such as "10.0.0.0/8,192.168.1.7"), are the peers
+	// (load balancers in front of the proxy) whose X-Forwarded-For,
+	// -Proto and -Host are passed on to upstream replicas; from any other
+	// peer they are replaced by what the proxy saw. None by default.
+	TrustedProxies Prefixes `env:"TRUSTED_PROXIES"`
+	// Via, from PROXY_VIA, is the pseudonym the proxy adds to the Via
+	// header of what it forwards to and from upstream replicas ("1.1
+	// <Via>"); empty, the default, adds none.
+	Via string `env:"VIA"`
 
 	// requestTimeoutSet records that PROXY_REQUEST_TIMEOUT was set, which
 	// RequestTimeout alone cannot tell when it is 0 ("no timeout" must
@@ -291,4 +303,34 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// Prefixes is a list of IP prefixes, written as comma-separated CIDR
+// prefixes or bare addresses (a bare address is its own /32 or /128).
+type Prefixes []netip.Prefix
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (p *Prefixes) UnmarshalText(b []byte) error {
+	var out Prefixes
+	for _, f := range strings.Split(string(b), ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if strings.Contains(f, "/") {
+			pr, err := netip.ParsePrefix(f)
+			if err != nil {
+				return fmt.Errorf("%q is not an IP prefix (such as 10.0.0.0/8)", f)
+			}
+			out = append(out, pr.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(f)
+		if err != nil {
+			return fmt.Errorf("%q is not an IP address or prefix", f)
+		}
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	*p = out
+	return nil
 }

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -33,7 +35,7 @@ func TestReadEnvDefaults(t *testing.T) {
 			GCPercent:         400,
 			GCMemoryLimit:     MemoryLimit{Ratio: 0.9},
 		}
-		if e != want {
+		if !reflect.DeepEqual(e, want) {
 			t.Errorf("ReadEnv(%v) =\n%+v\nwant\n%+v", environ, e, want)
 		}
 	}
@@ -63,6 +65,10 @@ func TestReadEnvValid(t *testing.T) {
 		{"PROXY_MAX_HEADER_BYTES", "64KiB", func(e Env) bool { return e.MaxHeaderBytes == 64<<10 }},
 		{"PROXY_MAX_BODY_BYTES", "1GB", func(e Env) bool { return e.MaxBodyBytes == 1e9 }},
 		{"PROXY_MAX_BODY_BYTES", "4096", func(e Env) bool { return e.MaxBodyBytes == 4096 }},
+		{"PROXY_TRUSTED_PROXIES", "10.0.0.0/8, 192.168.1.7,::1", func(e Env) bool {
+			return fmt.Sprint(e.TrustedProxies) == "[10.0.0.0/8 192.168.1.7/32 ::1/128]"
+		}},
+		{"PROXY_VIA", "edge-1", func(e Env) bool { return e.Via == "edge-1" }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
@@ -100,6 +106,8 @@ func TestReadEnvInvalid(t *testing.T) {
 		{"PROXY_MAX_HEADER_BYTES", "1MB5", "invalid byte size"},
 		{"PROXY_MAX_BODY_BYTES", "-1", "must not be negative"},
 		{"PROXY_MAX_BODY_BYTES", "10XB", `unknown unit "XB"`},
+		{"PROXY_TRUSTED_PROXIES", "10.0.0.0/33", `"10.0.0.0/33" is not an IP prefix`},
+		{"PROXY_TRUSTED_PROXIES", "10.0.0.0/8,lb.internal", `"lb.internal" is not an IP address or prefix`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/serveproxy/serveproxy/replica"
 	"github.com/serveproxy/serveproxy/router"
 )
 
@@ -17,14 +18,29 @@ const StatusClientClosedRequest = 499
 // with, in one place. It is the only function that decides statuses for
 // errors.
 func statusOf(err error) int {
-	var bp *router.BackPressureError
+	var (
+		bp          *router.BackPressureError
+		full        *replica.FullError
+		unreachable *replica.UnreachableError
+		timeout     *replica.TimeoutError
+		tooLarge    *http.MaxBytesError
+		badBody     *replica.RequestBodyError
+	)
 	switch {
-	case errors.As(err, &bp), errors.Is(err, router.ErrNoReplicas):
+	case errors.As(err, &bp), errors.Is(err, router.ErrNoReplicas), errors.As(err, &full):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusRequestTimeout
 	case errors.Is(err, context.Canceled):
 		return StatusClientClosedRequest
+	case errors.As(err, &unreachable):
+		return http.StatusBadGateway
+	case errors.As(err, &timeout):
+		return http.StatusGatewayTimeout
+	case errors.As(err, &tooLarge):
+		return http.StatusRequestEntityTooLarge
+	case errors.As(err, &badBody):
+		return http.StatusBadRequest
 	}
 	// A handler panic (*replica.PanicError), an aborted response, anything
 	// else: the replica failed.
@@ -57,6 +73,14 @@ func errorMessage(status int, err error) string {
 		return "Service unavailable: " + err.Error()
 	case http.StatusRequestTimeout:
 		return "Request timed out"
+	case http.StatusBadGateway:
+		return "Bad Gateway: the replica could not be reached"
+	case http.StatusGatewayTimeout:
+		return "Gateway Timeout: the replica did not answer in time"
+	case http.StatusRequestEntityTooLarge:
+		return "Request body too large"
+	case http.StatusBadRequest:
+		return "Bad Request: " + err.Error()
 	}
 	return "Internal Server Error"
 }

@@ -98,7 +98,8 @@ type Proxy struct {
 // routeState is what the request path needs about a route beyond the
 // router's view of it.
 type routeState struct {
-	metrics *routeMetrics
+	deployment *Deployment // the route's ingress; nil for no route
+	metrics    *routeMetrics
 	// log is the access log with the route's application, route and
 	// deployment encoded once; nil without an access log.
 	log *zerolog.Logger
@@ -158,7 +159,13 @@ func New(opts Options) (*Proxy, error) {
 	}
 	p.notFound = p.newRouteState("", "", "")
 	for _, r := range table.Routes() {
-		p.routeMeta[r] = p.newRouteState(r.Prefix, r.Application, r.Deployment)
+		rs := p.newRouteState(r.Prefix, r.Application, r.Deployment)
+		for _, d := range p.deployments {
+			if d.Scheduler == r.Scheduler {
+				rs.deployment = d
+			}
+		}
+		p.routeMeta[r] = rs
 	}
 	return p, nil
 }

@@ -83,6 +83,11 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// maxAttempts bounds the replicas one request is offered to when they
+// refuse it (see replica.Retryable): an unreachable replica leaves routing
+// at once, so the second try almost always lands.
+const maxAttempts = 3
+
 // route finds the request's application and replica and runs it there.
 // start is when the request arrived.
 func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result {
@@ -111,28 +116,43 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 		r = r.WithContext(ctx)
 	}
 
-	// A request served at once starts on its replica when it arrived, give
-	// or take the routing's few hundred nanoseconds: reading the clock
-	// again is a measurable cost per request on virtual machines. Only a
-	// request that waited in the queue gets its own replica start.
-	res.replicaStart = start
-	h, release, ok := rt.Scheduler.TryAcquire()
-	if !ok {
-		var err error
-		if h, release, err = rt.Scheduler.Acquire(ctx); err != nil {
-			res.err = err
-			res.status = statusOf(err)
-			writeError(sw, res.status, errorMessage(res.status, err))
-			return res
+	for attempt := 1; ; attempt++ {
+		// A request served at once starts on its replica when it arrived,
+		// give or take the routing's few hundred nanoseconds: reading the
+		// clock again is a measurable cost per request on virtual
+		// machines. Only a request that waited (or is retried) gets its
+		// own replica start.
+		h, release, ok := rt.Scheduler.TryAcquire()
+		if !ok || attempt > 1 {
+			if !ok {
+				var err error
+				if h, release, err = rt.Scheduler.Acquire(ctx); err != nil {
+					res.err = err
+					res.status = statusOf(err)
+					writeError(sw, res.status, errorMessage(res.status, err))
+					return res
+				}
+			}
+			res.replicaStart = time.Now()
+		} else {
+			res.replicaStart = start
 		}
-		res.replicaStart = time.Now()
-	}
-	res.replica = h
-	if p.opts.RequestTimeout > 0 {
-		res.err = p.serveWithDeadline(ctx, h, release, sw, r)
-	} else {
-		res.err = h.Serve(sw, r)
-		release()
+		res.replica = h
+		if p.opts.RequestTimeout > 0 {
+			res.err = p.serveWithDeadline(ctx, h, release, sw, r)
+		} else {
+			res.err = h.Serve(sw, r)
+			release()
+		}
+		// Another replica may take the request only if none accepted it
+		// (issue 5): refused, unreachable before a byte was sent, or full.
+		if res.err == nil || attempt == maxAttempts || sw.wroteHeader || !replica.Retryable(res.err) {
+			break
+		}
+		var unreachable *replica.UnreachableError
+		if errors.As(res.err, &unreachable) {
+			p.routeMeta[rt].deployment.ReportUnreachable(h)
+		}
 	}
 	res.abort = res.err != nil && (sw.wroteHeader || errors.Is(res.err, http.ErrAbortHandler))
 	res.status = p.finish(sw, r, res.err, res.abort)

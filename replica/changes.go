@@ -100,6 +100,9 @@ func (d *Deployment) SetTargets(targets []string) error {
 	}
 	d.control.Lock()
 	defer d.control.Unlock()
+	if d.ctx.Err() != nil {
+		return nil // stopped: nothing is routed any more
+	}
 	want := make(map[string]bool, len(targets))
 	for _, t := range targets {
 		want[t] = true

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"sync"
 )
@@ -52,10 +53,19 @@ func NewRegistry() *Registry {
 	return r
 }
 
-// Register adds a handler kind. Registering a name twice is an error.
+// reservedHandlers are the handler kinds that run outside the process
+// (config.HandlerUpstream and config.HandlerCommand): no Go handler may
+// take their names.
+var reservedHandlers = []string{"upstream", "command"}
+
+// Register adds a handler kind. Registering a name twice, or a reserved
+// one ("upstream", "command"), is an error.
 func (r *Registry) Register(name string, f Factory) error {
 	if name == "" || f == nil {
 		return fmt.Errorf("replica: register: empty name or nil factory")
+	}
+	if slices.Contains(reservedHandlers, name) {
+		return fmt.Errorf("replica: handler name %q is reserved for replicas outside the process", name)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -83,7 +93,7 @@ func (r *Registry) Lookup(name string) (Factory, error) {
 	f, ok := r.factories[name]
 	r.mu.RUnlock()
 	if !ok {
-		return nil, fmt.Errorf("unknown handler %q (registered: %v)", name, r.Names())
+		return nil, fmt.Errorf("unknown handler %q (registered: %v; and %q for replicas outside the process)", name, r.Names(), reservedHandlers)
 	}
 	return f, nil
 }

@@ -149,6 +149,15 @@ func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Confi
 			if failed[field+".handler"] || failed[field] {
 				continue // reported already
 			}
+			if d.Handler == config.HandlerUpstream {
+				continue // forwarded, not in process: the config checked it
+			}
+			if d.Handler == config.HandlerCommand {
+				if err := checkCommand(d); err != nil && !failed[field+".command"] {
+					found = append(found, fieldError(cfg, path, field+".command", err))
+				}
+				continue
+			}
 			f, err := reg.Lookup(d.Handler)
 			if err != nil {
 				found = append(found, fieldError(cfg, path, field+".handler", err))

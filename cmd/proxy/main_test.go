@@ -37,8 +37,9 @@ const (
 	toolTimeout  = 2 * time.Minute  // one ab or hey run
 )
 
-// proxyBin is the binary TestMain builds; the tests run it.
-var proxyBin string
+// proxyBin is the binary TestMain builds; the tests run it. hiBin is
+// cmd/hiserver, a replica process for the remote kinds' tests.
+var proxyBin, hiBin string
 
 func TestMain(m *testing.M) {
 	os.Exit(testMain(m))
@@ -56,6 +57,12 @@ func testMain(m *testing.M) int {
 	build := exec.Command("go", "build", "-race", "-o", proxyBin, ".")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "TestMain: go build -race: %v\n%s", err, out)
+		return 1
+	}
+
+	hiBin = filepath.Join(dir, "hiserver")
+	if out, err := exec.Command("go", "build", "-o", hiBin, "../hiserver").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "TestMain: go build hiserver: %v\n%s", err, out)
 		return 1
 	}
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"sync"
 
 	"github.com/rs/zerolog"
 
@@ -15,45 +16,13 @@ import (
 	"github.com/serveproxy/serveproxy/replica"
 )
 
-// build turns the config into running parts: one proxy.Deployment per
-// deployment, grouped by application.
-func build(cfg *config.Config, reg *replica.Registry, log zerolog.Logger) ([]*proxy.Application, error) {
-	var apps []*proxy.Application
-	for _, a := range cfg.Applications {
-		app := &proxy.Application{Name: a.Name, RoutePrefix: a.RoutePrefix}
-		for _, d := range a.Deployments {
-			f, err := reg.Lookup(d.Handler)
-			if err != nil {
-				return nil, fmt.Errorf("application %q deployment %q: %w", a.Name, d.Name, err)
-			}
-			dep, err := proxy.NewDeployment(replica.DeploymentSpec{
-				App:                     a.Name,
-				Name:                    d.Name,
-				Factory:                 f,
-				UserConfig:              d.UserConfig,
-				NumReplicas:             d.NumReplicas,
-				MaxOngoingRequests:      d.MaxOngoingRequests,
-				HealthCheckPeriod:       d.HealthCheckPeriod(),
-				HealthCheckTimeout:      d.HealthCheckTimeout(),
-				GracefulShutdownTimeout: d.GracefulShutdownTimeout(),
-			}, d.MaxQueuedRequests, log)
-			if err != nil {
-				return nil, err
-			}
-			app.Deployments = append(app.Deployments, dep)
-		}
-		apps = append(apps, app)
-	}
-	return apps, nil
-}
-
 func httpAddr(cfg *config.Config) string {
 	return net.JoinHostPort(cfg.HTTPOptions.Host, strconv.Itoa(cfg.HTTPOptions.Port))
 }
 
 // serve runs the proxy until ctx is done.
 func serve(ctx context.Context, stopSignals func(), cfg *config.Config, e config.Env, reg *replica.Registry, gc *gctune.Tuner, log zerolog.Logger, stderr io.Writer) error {
-	apps, err := build(cfg, reg, log)
+	apps, discoveries, err := build(cfg, e, reg, log)
 	if err != nil {
 		return err
 	}
@@ -83,6 +52,15 @@ func serve(ctx context.Context, stopSignals func(), cfg *config.Config, e config
 		public.Close()
 		return fmt.Errorf("admin listener (PROXY_ADMIN_ADDR): %w", err)
 	}
+	// Discovery feeds the upstream deployments' replica sets until the
+	// proxy stops taking requests; SetTargets after Stop does nothing.
+	dctx, stopDiscovery := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, run := range discoveries {
+		wg.Go(func() { run(dctx) })
+	}
+	defer wg.Wait()
+	defer stopDiscovery()
 	return p.Serve(ctx, public, admin, proxy.ServerOptions{
 		ReadHeaderTimeout: e.ReadHeaderTimeout,
 		KeepAliveTimeout:  cfg.HTTPOptions.KeepAliveTimeout(),

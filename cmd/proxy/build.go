@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/serveproxy/serveproxy/config"
+	"github.com/serveproxy/serveproxy/proxy"
+	"github.com/serveproxy/serveproxy/replica"
+)
+
+// firstResolveTimeout bounds the DNS lookup that gives a discovered
+// deployment its first replicas at startup; a failure is logged and the
+// deployment starts empty, filled by the next resolution.
+const firstResolveTimeout = 5 * time.Second
+
+// build turns the config into running parts: one proxy.Deployment per
+// deployment, grouped by application, and the discovery loops that feed
+// the deployments found in DNS (to run until the proxy stops).
+func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.Logger) ([]*proxy.Application, []func(context.Context), error) {
+	var apps []*proxy.Application
+	var discoveries []func(context.Context)
+	for _, a := range cfg.Applications {
+		app := &proxy.Application{Name: a.Name, RoutePrefix: a.RoutePrefix}
+		for _, d := range a.Deployments {
+			spec := replica.DeploymentSpec{
+				App:                      a.Name,
+				Name:                     d.Name,
+				UserConfig:               d.UserConfig,
+				NumReplicas:              d.NumReplicas,
+				MaxOngoingRequests:       d.MaxOngoingRequests,
+				HealthCheckPeriod:        d.HealthCheckPeriod(),
+				HealthCheckTimeout:       d.HealthCheckTimeout(),
+				GracefulShutdownTimeout:  d.GracefulShutdownTimeout(),
+				MaxConstructorRetryCount: d.MaxConstructorRetryCount,
+			}
+			var (
+				dep  *proxy.Deployment // set below, before discovery runs
+				disc *replica.Discovery
+				err  error
+			)
+			switch d.Handler {
+			case config.HandlerUpstream:
+				disc, err = upstreamSpec(&spec, d, e, log, func(urls []string) {
+					if err := dep.SetTargets(urls); err != nil {
+						log.Error().Str("application", a.Name).Str("deployment", d.Name).Err(err).Msg("discovery: adding replicas")
+					}
+				})
+			case config.HandlerCommand:
+				commandSpec(&spec, d, e, log)
+			default:
+				spec.Factory, err = reg.Lookup(d.Handler)
+			}
+			if err != nil {
+				return nil, nil, fmt.Errorf("application %q deployment %q: %w", a.Name, d.Name, err)
+			}
+			if dep, err = proxy.NewDeployment(spec, d.MaxQueuedRequests, log); err != nil {
+				return nil, nil, err
+			}
+			if disc != nil {
+				discoveries = append(discoveries, disc.Run)
+			}
+			app.Deployments = append(app.Deployments, dep)
+		}
+		apps = append(apps, app)
+	}
+	return apps, discoveries, nil
+}
+
+// upstreamOptions are the forwarding settings of a deployment's replicas,
+// with one transport shared by all of them (and one for health checks,
+// without keep-alive, so that a replica busy on every connection still
+// answers them).
+func upstreamOptions(d config.Deployment, e config.Env) replica.UpstreamOptions {
+	health := replica.NewTransport(replica.TransportOptions{})
+	health.DisableKeepAlives = true
+	return replica.UpstreamOptions{
+		MaxOngoing:      d.MaxOngoingRequests,
+		Transport:       replica.NewTransport(replica.TransportOptions{MaxConnsPerReplica: d.MaxOngoingRequests}),
+		HealthPath:      d.HealthCheckPath,
+		HealthTransport: health,
+		TrustedProxies:  e.TrustedProxies,
+		Via:             e.Via,
+	}
+}
+
+// upstreamSpec makes spec follow the upstreams of d, or its DNS
+// discovery, which it returns to be run: each new answer goes to
+// setTargets.
+func upstreamSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger, setTargets func([]string)) (*replica.Discovery, error) {
+	uo := upstreamOptions(d, e)
+	spec.Connect = func(id, target string, onRelease func()) (replica.Replica, error) {
+		o := uo
+		o.OnRelease = onRelease
+		return replica.NewUpstreamReplica(id, target, o)
+	}
+	if d.Discovery == "" {
+		spec.Targets = d.Upstreams
+		return nil, nil
+	}
+	disc, err := replica.NewDiscovery(d.Discovery, replica.DiscoveryOptions{
+		Interval: d.DiscoveryInterval(),
+		Server:   d.DiscoveryServer,
+		OnChange: setTargets,
+		Log:      log.With().Str("deployment", d.Name).Logger(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("discovery: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), firstResolveTimeout)
+	defer cancel()
+	targets, err := disc.Resolve(ctx)
+	if err != nil {
+		log.Error().Str("deployment", d.Name).Str("discovery", d.Discovery).Err(err).
+			Msg("discovery: the first resolution failed; starting with no replicas")
+	}
+	spec.Targets = targets
+	return disc, nil
+}
+
+// commandSpec makes spec start d's command for each replica.
+func commandSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger) {
+	uo := upstreamOptions(d, e)
+	po := replica.ProcessOptions{
+		Command: d.Command,
+		Dir:     d.WorkingDir,
+		Env:     d.Env,
+		Log:     log.With().Str("deployment", d.Name).Logger(),
+	}
+	grace := d.GracefulShutdownTimeout()
+	spec.Start = func(ctx context.Context, id string, onRelease func()) (replica.Replica, error) {
+		o := uo
+		o.OnRelease = onRelease
+		return replica.StartCommandReplica(ctx, id, po, o, grace)
+	}
+}
+
+// checkCommand reports a command whose program cannot be found, at -check
+// and before anything starts.
+func checkCommand(d config.Deployment) error {
+	if len(d.Command) == 0 {
+		return errors.New("no program given")
+	}
+	prog := d.Command[0]
+	if !strings.Contains(prog, "/") {
+		if _, err := exec.LookPath(prog); err != nil {
+			return fmt.Errorf("program %q not found on PATH", prog)
+		}
+		return nil
+	}
+	if !filepath.IsAbs(prog) && d.WorkingDir != "" {
+		prog = filepath.Join(d.WorkingDir, prog)
+	}
+	if _, err := exec.LookPath(prog); err != nil {
+		return fmt.Errorf("program %q: %v", d.Command[0], errors.Unwrap(err))
+	}
+	return nil
+}

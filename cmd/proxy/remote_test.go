@@ -1,0 +1,453 @@
+package main
+
+// Replicas outside the proxy (issue 5), each test over real processes:
+// cmd/hiserver replicas, the proxy binary, a DNS server on loopback.
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// writeConfig writes a config file for one test and returns its path.
+func writeConfig(t *testing.T, yaml string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "serve.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// hiProcess is a cmd/hiserver replica the test started itself.
+type hiProcess struct {
+	cmd  *exec.Cmd
+	addr string
+}
+
+// startHi starts a hiserver on a free loopback port and waits until it
+// listens; it is killed at the end of the test.
+func startHi(t *testing.T) *hiProcess {
+	t.Helper()
+	cmd := exec.Command(hiBin, "-listen", "127.0.0.1:0")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
+	if err != nil || !ok {
+		t.Fatalf("hiserver: %q %v", line, err)
+	}
+	return &hiProcess{cmd: cmd, addr: addr}
+}
+
+// applications reads the admin GET /-/applications.
+type applications struct {
+	Applications []struct {
+		Name        string `json:"name"`
+		Deployments []struct {
+			Name     string `json:"name"`
+			Status   string `json:"status"`
+			Replicas []struct {
+				ID      string `json:"id"`
+				State   string `json:"state"`
+				Healthy bool   `json:"healthy"`
+			} `json:"replicas"`
+		} `json:"deployments"`
+	} `json:"applications"`
+}
+
+func getApplications(t *testing.T, c *http.Client, p *proc) applications {
+	t.Helper()
+	r := get(t, c, "http://"+p.AdminAddr+"/-/applications")
+	var a applications
+	if err := json.Unmarshal([]byte(r.body), &a); err != nil || r.status != 200 {
+		t.Fatalf("GET /-/applications: %d %s (%v)", r.status, r.body, err)
+	}
+	return a
+}
+
+// fixedRate sends GETs to url at rate per second for d (bounded), from
+// as many goroutines as it needs, and counts the answers by status (0 for
+// a failed round trip).
+func fixedRate(t *testing.T, c *http.Client, url string, rate int, d time.Duration, during func()) map[int]int {
+	t.Helper()
+	var mu sync.Mutex
+	counts := make(map[int]int)
+	var wg sync.WaitGroup
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	total := int(d.Seconds() * float64(rate))
+	for i := range total {
+		<-tick.C
+		if i == total/3 && during != nil {
+			during()
+		}
+		wg.Go(func() {
+			status := 0
+			if resp, err := c.Get(url); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				status = resp.StatusCode
+			}
+			mu.Lock()
+			counts[status]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return counts
+}
+
+func TestUpstreamKillMinus9(t *testing.T) {
+	his := []*hiProcess{startHi(t), startHi(t), startHi(t)}
+	var ups []string
+	for _, h := range his {
+		ups = append(ups, `"http://`+h.addr+`"`)
+	}
+	path := writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: upstream
+        upstreams: [`+strings.Join(ups, ", ")+`]
+        health_check_path: /
+        health_check_period_s: 1
+        max_ongoing_requests: 20
+`)
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 50)
+	const rate, length = 300, 3 * time.Second
+	counts := fixedRate(t, c, "http://"+p.HTTPAddr+"/", rate, length, func() {
+		_ = his[1].cmd.Process.Signal(syscall.SIGKILL)
+	})
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	ok := counts[200]
+	t.Logf("kill -9 of 1 of 3 upstream replicas at %d req/s for %v: %d of %d answered 200 (%.2f%%), %d 502", rate, length, ok, total, 100*float64(ok)/float64(total), counts[502])
+	for status, n := range counts {
+		if status != 200 && status != 502 {
+			t.Errorf("%d requests answered %d, want only 200 (and 502 for requests in flight at the kill)", n, status)
+		}
+	}
+	if counts[502] > 5 {
+		t.Errorf("%d requests got 502: more than were in flight at the kill", counts[502])
+	}
+	// Taken out at once (refused connections), and unhealthy in the metrics.
+	var killed string
+	for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
+		if !rep.Healthy {
+			killed = rep.ID
+		}
+	}
+	if killed == "" {
+		t.Fatal("no replica is unhealthy after a kill -9")
+	}
+	if m := get(t, c, "http://"+p.AdminAddr+"/metrics").body; !strings.Contains(m, fmt.Sprintf(`serve_deployment_replica_healthy{application="hi",deployment="hi",replica=%q} 0`, killed)) {
+		t.Errorf("metrics do not show %s unhealthy", killed)
+	}
+	if !p.logged("replica unreachable: out of routing until a health check passes") {
+		t.Error("no log line says the replica left routing")
+	}
+}
+
+func TestCommandReplicasRestartAfterKill(t *testing.T) {
+	path := writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: command
+        command: [sh, -c, 'exec "$HISERVER" -listen 127.0.0.1:$PORT']
+        env: [HISERVER=`+hiBin+`]
+        num_replicas: 3
+        health_check_path: /
+        health_check_period_s: 1
+        max_ongoing_requests: 20
+`)
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 50)
+	if r := get(t, c, "http://"+p.HTTPAddr+"/"); r.status != 200 || r.body != "hi" {
+		t.Fatalf("GET / = %d %q", r.status, r.body)
+	}
+	pids := replicaPIDs(p)
+	if len(pids) != 3 {
+		t.Fatalf("replica pids from the log: %v, want 3", pids)
+	}
+	var victim int
+	for _, pid := range pids {
+		victim = pid
+	}
+	const rate, length = 300, 3 * time.Second
+	counts := fixedRate(t, c, "http://"+p.HTTPAddr+"/", rate, length, func() {
+		_ = syscall.Kill(victim, syscall.SIGKILL)
+	})
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	t.Logf("kill -9 of 1 of 3 command replicas at %d req/s for %v: %d of %d answered 200 (%.2f%%), %d 502", rate, length, counts[200], total, 100*float64(counts[200])/float64(total), counts[502])
+	for status, n := range counts {
+		if status != 200 && status != 502 {
+			t.Errorf("%d requests answered %d, want only 200 (and 502 for requests in flight at the kill)", n, status)
+		}
+	}
+	if counts[502] > 5 {
+		t.Errorf("%d requests got 502: more than were in flight at the kill", counts[502])
+	}
+	if !p.waitLogged("replica process exited: replacing it", 10*time.Second) {
+		t.Fatal("no log line says the killed replica is replaced")
+	}
+	waitUntil(t, "3 running replicas again", func() bool {
+		n := 0
+		for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
+			if rep.State == "RUNNING" && rep.Healthy {
+				n++
+			}
+		}
+		return n == 3 && len(replicaPIDs(p)) == 4
+	})
+	// On shutdown every replica process is stopped.
+	p.stop()
+	for _, pid := range replicaPIDs(p) {
+		if syscall.Kill(pid, 0) == nil {
+			t.Errorf("replica process %d still runs after the proxy stopped", pid)
+		}
+	}
+}
+
+// replicaPIDs returns the pids the proxy's log gives its replica
+// processes (from their output lines), in order of appearance.
+func replicaPIDs(p *proc) []int {
+	seen := map[int]bool{}
+	var pids []int
+	for _, l := range p.stderrLines() {
+		if !strings.Contains(l, `"message":"replica output"`) {
+			continue
+		}
+		var line struct {
+			PID int `json:"pid"`
+		}
+		if json.Unmarshal([]byte(l), &line) == nil && line.PID > 0 && !seen[line.PID] {
+			seen[line.PID] = true
+			pids = append(pids, line.PID)
+		}
+	}
+	return pids
+}
+
+// waitUntil polls cond (bounded by startTimeout).
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(startTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestCommandCrashAtStart(t *testing.T) {
+	path := writeConfig(t, `applications:
+  - name: ok
+    route_prefix: /ok
+    deployments:
+      - {name: ok, handler: static, user_config: {body: fine}}
+  - name: broken
+    route_prefix: /broken
+    deployments:
+      - name: broken
+        handler: command
+        command: [sh, -c, 'echo "model file missing" >&2; exit 3']
+        num_replicas: 2
+        max_constructor_retry_count: 3
+`)
+	// Not startProxy: /-/healthz stays 503 without a running replica of
+	// every deployment, which is the point.
+	p := startProxyUnhealthy(t, path)
+	if !p.waitLogged("deployment unhealthy: max_constructor_retry_count replica starts failed in a row", 30*time.Second) {
+		t.Fatal("no log line says the deployment gave up")
+	}
+	if !p.logged("model file missing") || !p.logged("exit status 3") {
+		t.Error("the replica's stderr and exit status are not in the log")
+	}
+	c := newClient(t, 2)
+	if r := get(t, c, "http://"+p.HTTPAddr+"/ok"); r.status != 200 || r.body != "fine" {
+		t.Errorf("the healthy application: %d %q", r.status, r.body)
+	}
+	if r := get(t, c, "http://"+p.HTTPAddr+"/broken"); r.status != 503 || !strings.Contains(r.body, "No replicas are available") {
+		t.Errorf("the broken application: %d %q, want 503 No replicas are available", r.status, r.body)
+	}
+	dep := getApplications(t, c, p).Applications[1].Deployments[0]
+	if dep.Status != "UNHEALTHY" {
+		t.Errorf("broken deployment status %q, want UNHEALTHY", dep.Status)
+	}
+}
+
+// startProxyUnhealthy is startProxy without waiting for /-/healthz.
+func startProxyUnhealthy(t *testing.T, config string) *proc {
+	t.Helper()
+	cmd := exec.Command(proxyBin, "-config", config)
+	cmd.Env = childEnv(nil)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{t: t, cmd: cmd, exited: make(chan struct{})}
+	serving := make(chan servingLine, 1)
+	go p.readStderr(stderr, serving)
+	t.Cleanup(p.stop)
+	select {
+	case s := <-serving:
+		p.HTTPAddr, p.AdminAddr = s.HTTPAddr, s.AdminAddr
+	case <-p.exited:
+		t.Fatalf("proxy exited with code %d before serving", exitCode(t, p.waitErr))
+	case <-time.After(startTimeout):
+		t.Fatalf("no serving line within %v", startTimeout)
+	}
+	return p
+}
+
+// srvZone is a DNS server on loopback answering SRV records for one name,
+// and A records (127.0.0.1) for their targets; the test changes the ports.
+type srvZone struct {
+	mu    sync.Mutex
+	ports []int
+	addr  string
+}
+
+func startSRVZone(t *testing.T) *srvZone {
+	t.Helper()
+	z := &srvZone{}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	z.addr = pc.LocalAddr().String()
+	started := make(chan struct{})
+	s := &dns.Server{PacketConn: pc, Handler: z, NotifyStartedFunc: func() { close(started) }}
+	go func() { _ = s.ActivateAndServe() }()
+	<-started
+	t.Cleanup(func() { _ = s.Shutdown() })
+	return z
+}
+
+func (z *srvZone) set(ports ...int) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.ports = ports
+}
+
+// ServeDNS implements dns.Handler.
+func (z *srvZone) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	m := new(dns.Msg)
+	m.SetReply(req)
+	m.Authoritative, m.RecursionAvailable = true, true
+	defer func() { _ = w.WriteMsg(m) }()
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	q := req.Question[0]
+	hdr := dns.RR_Header{Name: q.Name, Rrtype: q.Qtype, Class: dns.ClassINET, Ttl: 1}
+	switch {
+	case q.Qtype == dns.TypeSRV && q.Name == "_http._tcp.hi.test.":
+		if len(z.ports) == 0 {
+			m.Rcode = dns.RcodeNameError // all gone
+		}
+		for i, port := range z.ports {
+			m.Answer = append(m.Answer, &dns.SRV{Hdr: hdr, Port: uint16(port), Target: "r" + strconv.Itoa(i) + ".hi.test."})
+		}
+	case q.Qtype == dns.TypeA && strings.HasSuffix(q.Name, ".hi.test."):
+		m.Answer = append(m.Answer, &dns.A{Hdr: hdr, A: net.IPv4(127, 0, 0, 1)})
+	}
+}
+
+func TestDiscoveryFollowsDNS(t *testing.T) {
+	his := []*hiProcess{startHi(t), startHi(t), startHi(t)}
+	port := func(h *hiProcess) int {
+		_, p, _ := net.SplitHostPort(h.addr)
+		n, _ := strconv.Atoi(p)
+		return n
+	}
+	z := startSRVZone(t)
+	z.set(port(his[0]), port(his[1]))
+	path := writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: upstream
+        discovery: dns+srv://_http._tcp.hi.test.
+        discovery_server: `+z.addr+`
+        discovery_interval_s: 0.2
+        health_check_path: /
+`)
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 4)
+	replicas := func() int { return len(getApplications(t, c, p).Applications[0].Deployments[0].Replicas) }
+	routable := func() int {
+		n := 0
+		for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
+			if rep.State == "RUNNING" {
+				n++
+			}
+		}
+		return n
+	}
+	if n := routable(); n != 2 {
+		t.Fatalf("%d replicas from the first answer, want 2", n)
+	}
+	z.set(port(his[0]), port(his[1]), port(his[2]))
+	waitUntil(t, "a third replica from DNS", func() bool { return routable() == 3 })
+	z.set(port(his[2]))
+	waitUntil(t, "two replicas gone from DNS", func() bool { return replicas() == 1 })
+	if r := get(t, c, "http://"+p.HTTPAddr+"/"); r.status != 200 || r.body != "hi" {
+		t.Fatalf("GET / with one replica: %d %q", r.status, r.body)
+	}
+	z.set() // all gone
+	waitUntil(t, "every replica gone", func() bool { return replicas() == 0 })
+	start := time.Now()
+	if r := get(t, c, "http://"+p.HTTPAddr+"/"); r.status != 503 || !strings.Contains(r.body, "No replicas are available") {
+		t.Fatalf("GET / with none: %d %q, want 503 No replicas are available", r.status, r.body)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the 503 took %v: requests must not hang when no replica is left", took)
+	}
+	z.set(port(his[1]))
+	waitUntil(t, "a replica back", func() bool { return routable() == 1 })
+	var served atomic.Int32
+	for range 20 {
+		if r := get(t, c, "http://"+p.HTTPAddr+"/"); r.status == 200 {
+			served.Add(1)
+		}
+	}
+	if served.Load() != 20 {
+		t.Fatalf("%d of 20 requests served after the replica came back", served.Load())
+	}
+}
