@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -449,5 +450,122 @@ func TestDiscoveryFollowsDNS(t *testing.T) {
 	}
 	if served.Load() != 20 {
 		t.Fatalf("%d of 20 requests served after the replica came back", served.Load())
+	}
+}
+
+func TestHangingUpstream(t *testing.T) {
+	// A replica that accepts and never answers, beside a good one.
+	hang, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held sync.WaitGroup
+	stopHang := make(chan struct{})
+	go func() {
+		for {
+			c, err := hang.Accept()
+			if err != nil {
+				return
+			}
+			held.Go(func() { <-stopHang; c.Close() })
+		}
+	}()
+	t.Cleanup(func() { hang.Close(); close(stopHang); held.Wait() })
+	good := startHi(t)
+	path := writeConfig(t, `http_options: {request_timeout_s: 1}
+applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: upstream
+        upstreams: ["http://`+hang.Addr().String()+`", "http://`+good.addr+`"]
+        health_check_path: /
+        health_check_period_s: 0.3
+        health_check_timeout_s: 0.3
+`)
+	p := startProxyUnhealthy(t, path)
+	c := newClient(t, 8)
+	// Until its checks fail three times, some requests land on the hung
+	// replica and time out at the proxy's deadline.
+	statuses := map[int]int{}
+	for range 10 {
+		statuses[get(t, c, "http://"+p.HTTPAddr+"/").status]++
+	}
+	t.Logf("first 10 requests: %v", statuses)
+	for s := range statuses {
+		if s != 200 && s != http.StatusRequestTimeout {
+			t.Errorf("status %d, want 200 or 408", s)
+		}
+	}
+	if !p.waitLogged("replica unhealthy: out of routing until it passes a health check", 20*time.Second) {
+		t.Fatal("the hung replica was not taken out of routing")
+	}
+	for i := range 50 {
+		if r := get(t, c, "http://"+p.HTTPAddr+"/"); r.status != 200 {
+			t.Fatalf("request %d after the hung replica left routing: %d %q", i, r.status, r.body)
+		}
+	}
+}
+
+func TestSlowUpstreamGetsLess(t *testing.T) {
+	// Two fast replicas and one that takes 50 ms; each names itself.
+	var servers []string
+	for _, name := range []string{"fast-a", "fast-b", "slow"} {
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if name == "slow" && r.URL.Path != "/-/healthz" {
+				time.Sleep(50 * time.Millisecond)
+			}
+			_, _ = io.WriteString(w, name)
+		})}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(func() { _ = srv.Close() })
+		servers = append(servers, `"http://`+ln.Addr().String()+`"`)
+	}
+	path := writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: upstream
+        upstreams: [`+strings.Join(servers, ", ")+`]
+        max_ongoing_requests: 10
+`)
+	p := startProxy(t, nil, "-config", path)
+	const workers, perWorker = 8, 150
+	c := newClient(t, workers)
+	var mu sync.Mutex
+	served := map[string]int{}
+	var fast []time.Duration
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range perWorker {
+				start := time.Now()
+				r := get(t, c, "http://"+p.HTTPAddr+"/")
+				took := time.Since(start)
+				mu.Lock()
+				served[r.body]++
+				if strings.HasPrefix(r.body, "fast") {
+					fast = append(fast, took)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(fast)
+	p99 := fast[len(fast)*99/100]
+	t.Logf("served: %v; p99 of the fast replicas' requests %v (the slow one takes 50ms)", served, p99)
+	total := workers * perWorker
+	if served["slow"]*3 >= total {
+		t.Errorf("the slow replica served %d of %d: power of two choices should send it less than a third", served["slow"], total)
+	}
+	if p99 >= 50*time.Millisecond {
+		t.Errorf("p99 of requests to the fast replicas is %v: the slow replica holds them up", p99)
 	}
 }
