@@ -42,11 +42,16 @@ type StacksConfig struct {
 	NginxPath string
 	// HAProxyPath is the haproxy binary, found like NginxPath.
 	HAProxyPath string
+	// LoadtestPath is the cmd/loadtest binary, whose reverseproxy command
+	// is the revproxy stack (Go's httputil.ReverseProxy in front of bare).
+	// If empty, that stack is skipped.
+	LoadtestPath string
 }
 
 // Stack is one started server.
 type Stack struct {
-	// Name is bare, proxy, nginx or haproxy.
+	// Name is bare, proxy (answering in process), proxy-up (the proxy
+	// forwarding to bare, handler upstream), revproxy, nginx or haproxy.
 	Name string
 	// URL is where the stack answers "hi".
 	URL string
@@ -134,6 +139,22 @@ func StartStacks(ctx context.Context, cfg StacksConfig) (_ *Stacks, err error) {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	s.Started = append(s.Started, px)
+
+	up, err := startProxyUpstreamStack(ctx, cfg.ProxyPath, cfg.Dir, barePort)
+	if err != nil {
+		return nil, fmt.Errorf("proxy-up: %w", err)
+	}
+	s.Started = append(s.Started, up)
+
+	if cfg.LoadtestPath == "" {
+		s.Skipped = append(s.Skipped, SkippedStack{Name: "revproxy", Reason: "no loadtest binary given"})
+	} else {
+		rp, err := startRevProxy(ctx, cfg.LoadtestPath, cfg.Dir, barePort)
+		if err != nil {
+			return nil, fmt.Errorf("revproxy: %w", err)
+		}
+		s.Started = append(s.Started, rp)
+	}
 
 	for _, f := range []struct {
 		name, path string
@@ -313,6 +334,81 @@ func startProxyStack(ctx context.Context, bin, logPath string) (Stack, error) {
 	sp := &stackProc{cmd: p.cmd, exited: p.exited}
 	if err := waitHi(ctx, st.URL, sp, logPath); err != nil {
 		stop()
+		return Stack{}, err
+	}
+	return st, nil
+}
+
+// ProxyUpstreamConfig returns the proxy's config for the proxy-up stack:
+// one upstream replica, the bare server, with room for the whole load
+// (max_ongoing_requests 1000, as nginx and HAProxy have no limit here).
+func ProxyUpstreamConfig(barePort int) string {
+	return fmt.Sprintf(`applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: upstream
+        upstreams: ["http://127.0.0.1:%d"]
+        health_check_path: /
+        max_ongoing_requests: 1000
+`, barePort)
+}
+
+// startProxyUpstreamStack runs the proxy forwarding to bare, its access
+// log off like the other front proxies'.
+func startProxyUpstreamStack(ctx context.Context, bin, dir string, barePort int) (Stack, error) {
+	conf := filepath.Join(dir, "proxy-up.yaml")
+	if err := os.WriteFile(conf, []byte(ProxyUpstreamConfig(barePort)), 0o600); err != nil {
+		return Stack{}, err
+	}
+	logPath := filepath.Join(dir, "proxy-up.log")
+	p, err := startProxy(ctx, bin, map[string]string{
+		"PROXY_HTTP_ADDR":  "127.0.0.1:0",
+		"PROXY_ADMIN_ADDR": "127.0.0.1:0",
+		"PROXY_ACCESS_LOG": "false",
+		"PROXY_CONFIG":     conf,
+	}, logPath)
+	if err != nil {
+		return Stack{}, fmt.Errorf("%w; log:\n%s", err, tailFile(logPath, 10))
+	}
+	stop := func() { stopProcess(p.cmd, p.exited, stackStopTimeout) }
+	st := Stack{Name: "proxy-up", URL: "http://" + p.HTTPAddr + "/", PID: p.cmd.Process.Pid, Config: conf, Log: logPath, stop: stop}
+	if err := waitHi(ctx, st.URL, &stackProc{cmd: p.cmd, exited: p.exited}, logPath); err != nil {
+		stop()
+		return Stack{}, err
+	}
+	return st, nil
+}
+
+// startRevProxy runs `loadtest reverseproxy` in front of bare.
+func startRevProxy(ctx context.Context, bin, dir string, barePort int) (Stack, error) {
+	logPath := filepath.Join(dir, "revproxy.log")
+	p, err := startProc(bin, []string{"reverseproxy", "-listen", "127.0.0.1:0", "-target", fmt.Sprintf("http://127.0.0.1:%d", barePort)}, logPath)
+	if err != nil {
+		return Stack{}, err
+	}
+	st := Stack{Name: "revproxy", PID: p.cmd.Process.Pid, Log: logPath, stop: p.stop}
+	ctx, cancel := context.WithTimeout(ctx, stackStartTimeout)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if addr, ok := findListening(logPath); ok {
+			st.URL = "http://" + addr + "/"
+			break
+		}
+		select {
+		case <-p.exited:
+			return Stack{}, fmt.Errorf("exited while starting: %v; log:\n%s", p.waitErr, tailFile(logPath, 10))
+		case <-ctx.Done():
+			p.stop()
+			return Stack{}, fmt.Errorf("no \"listening on\" line within %v: %w", stackStartTimeout, ctx.Err())
+		case <-tick.C:
+		}
+	}
+	if err := waitHi(ctx, st.URL, p, logPath); err != nil {
+		p.stop()
 		return Stack{}, err
 	}
 	return st, nil

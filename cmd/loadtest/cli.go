@@ -28,6 +28,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return runSoak(ctx, args[1:], stdout, stderr)
 		case "broadcast":
 			return runBroadcast(ctx, args[1:], stdout, stderr)
+		case "reverseproxy":
+			return runReverseProxy(ctx, args[1:], stdout, stderr)
 		}
 	}
 	return runLoad(ctx, args, stdout, stderr)

@@ -61,8 +61,9 @@ func parseCompareOptions(args []string, stderr io.Writer) (compareOptions, error
 			"       loadtest compare -stacks [flags]\n\n"+
 			"The same load against every target, rounds in rotating order, then the medians.\n"+
 			"The first target is the baseline of the ratios. Servers are not started here,\n"+
-			"except with -stacks: bare (cmd/hiserver), proxy (cmd/proxy, its default app), and\n"+
-			"nginx and haproxy in front of bare when installed, on free loopback ports.\n\nflags:\n")
+			"except with -stacks: bare (cmd/hiserver), proxy (cmd/proxy, its default app), and in\n"+
+			"front of bare: proxy-up (cmd/proxy, handler upstream), revproxy (httputil.ReverseProxy),\n"+
+			"nginx and haproxy when installed, on free loopback ports.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	defaultTool := loadtest.ToolBuiltin
@@ -213,21 +214,25 @@ func startStacks(ctx context.Context, opts compareOptions, stdout, stderr io.Wri
 	if err := loadtest.GoBuild(bctx, hiserverPackage, hiserver, stderr); err != nil {
 		return nil, cleanup, fmt.Errorf("%w (run inside the module)", err)
 	}
-	stacks, err = loadtest.StartStacks(ctx, loadtest.StacksConfig{Dir: tmp, HiserverPath: hiserver, ProxyPath: proxyPath})
+	self, err := os.Executable() // its reverseproxy command is the revproxy stack
+	if err != nil {
+		return nil, cleanup, err
+	}
+	stacks, err = loadtest.StartStacks(ctx, loadtest.StacksConfig{Dir: tmp, HiserverPath: hiserver, ProxyPath: proxyPath, LoadtestPath: self})
 	if err != nil {
 		return nil, cleanup, err
 	}
 	for _, s := range stacks.Started {
-		fmt.Fprintf(stdout, "stack %-7s %s  pid %d", s.Name, s.URL, s.PID)
+		fmt.Fprintf(stdout, "stack %-8s %s  pid %d", s.Name, s.URL, s.PID)
 		if opts.keep && s.Config != "" {
 			fmt.Fprintf(stdout, "  config %s", s.Config)
 		}
 		fmt.Fprintln(stdout)
 	}
 	for _, s := range stacks.Skipped {
-		fmt.Fprintf(stdout, "stack %-7s skipped: %s\n", s.Name, s.Reason)
+		fmt.Fprintf(stdout, "stack %-8s skipped: %s\n", s.Name, s.Reason)
 	}
-	fmt.Fprintln(stdout, "stack proxy: access log off (PROXY_ACCESS_LOG=false), like nginx (access_log off) and haproxy (no log)")
+	fmt.Fprintln(stdout, "stacks proxy and proxy-up: access log off (PROXY_ACCESS_LOG=false), like nginx (access_log off) and haproxy (no log)")
 	return stacks, cleanup, nil
 }
 

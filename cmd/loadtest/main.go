@@ -5,6 +5,7 @@
 //	loadtest gc-compare [flags]          the proxy under each GC setting, one table
 //	loadtest soak [flags]                the proxy under a long steady load: do memory and goroutines stay flat?
 //	loadtest broadcast [flags]           the seed's four tables: foreach vs replica.Pool.Broadcast, in process
+//	loadtest reverseproxy -target URL    Go's httputil.ReverseProxy, tuned: a baseline for compare -stacks
 //
 // Load goes to loopback hosts only, unless -allow-remote is given. Run
 // "loadtest -h", "loadtest compare -h", "loadtest gc-compare -h",

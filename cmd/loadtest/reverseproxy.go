@@ -1,0 +1,40 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+
+	"github.com/serveproxy/serveproxy/loadtest"
+)
+
+// runReverseProxy is the reverseproxy subcommand: Go's
+// httputil.ReverseProxy, tuned, in front of -target, for compare -stacks
+// (the revproxy stack) and for comparisons by hand.
+func runReverseProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("loadtest reverseproxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "127.0.0.1:0", "address to listen on (loopback)")
+	target := fs.String("target", "", "the `URL` of the server to forward to (loopback)")
+	if err := fs.Parse(args); err != nil {
+		return exitInvalid
+	}
+	if *target == "" {
+		return report(stderr, "loadtest reverseproxy", usagef("-target: required"))
+	}
+	if err := loadtest.CheckLoopback(*target); err != nil {
+		return report(stderr, "loadtest reverseproxy", usagef("-target: %v", err))
+	}
+	u, err := url.Parse(*target)
+	if err != nil {
+		return report(stderr, "loadtest reverseproxy", usagef("-target: %v", err))
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return report(stderr, "loadtest reverseproxy", fmt.Errorf("-listen: %w", err))
+	}
+	return reportRun(stderr, "loadtest reverseproxy", "output", loadtest.ServeReverseProxy(ctx, ln, u, stdout))
+}
