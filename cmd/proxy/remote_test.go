@@ -569,3 +569,51 @@ func TestSlowUpstreamGetsLess(t *testing.T) {
 		t.Errorf("p99 of requests to the fast replicas is %v: the slow replica holds them up", p99)
 	}
 }
+
+func TestRemoteBadInput(t *testing.T) {
+	path := writeConfig(t, `applications:
+  - name: a
+    route_prefix: /a
+    deployments:
+      - name: a
+        handler: upstream
+        upstreams: ["http://10.0.0.5:8000", "http//missing-colon", "http://[::1"]
+  - name: b
+    route_prefix: /b
+    deployments:
+      - name: b
+        handler: command
+        command: [no-such-server-binary, --port, "$PORT"]
+  - name: c
+    route_prefix: /c
+    deployments:
+      - name: c
+        handler: command
+        command: [./relative/missing]
+        working_dir: /nonexistent-dir
+  - name: d
+    route_prefix: /d
+    deployments:
+      - name: d
+        handler: upstream
+        discovery: dns://svc.local
+`)
+	want := []string{
+		`:7: applications[0].deployments[0].upstreams[1]: must be an http:// or https:// URL, got "http//missing-colon"`,
+		`:7: applications[0].deployments[0].upstreams[2]: must be a URL, got "http://[::1"`,
+		`:13: applications[1].deployments[0].command: program "no-such-server-binary" not found on PATH`,
+		`:19: applications[2].deployments[0].command: program "./relative/missing"`,
+		`:26: applications[3].deployments[0].discovery: must be dns://name:port`,
+	}
+	for _, args := range [][]string{{"-check", "-config", path}, {"-config", path}} {
+		res := runProxy(t, nil, args...)
+		if res.code != 2 {
+			t.Errorf("proxy %v: exit %d, want 2", args, res.code)
+		}
+		for _, w := range want {
+			if !strings.Contains(res.stderr, w) {
+				t.Errorf("proxy %v: no line with %q in:\n%s", args, w, res.stderr)
+			}
+		}
+	}
+}
