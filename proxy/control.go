@@ -207,8 +207,12 @@ func (p *Proxy) putNumReplicas(w http.ResponseWriter, r *http.Request) {
 	err := d.Scale(ctx, *body.NumReplicas)
 	p.opts.Log.Info().Str("application", d.App()).Str("deployment", d.Name()).Int("num_replicas", *body.NumReplicas).
 		AnErr("error", err).Msg("num_replicas changed through the admin API")
-	if err != nil {
-		writeJSONError(w, http.StatusInternalServerError, fmt.Errorf("num_replicas is %d, but starting a replica failed (retried each health period): %w", *body.NumReplicas, err))
+	switch {
+	case errors.Is(err, replica.ErrFixedReplicas):
+		writeJSONError(w, http.StatusConflict, fmt.Errorf("num_replicas cannot be set: %w", err))
+		return
+	case err != nil:
+		writeJSONError(w, http.StatusInternalServerError, fmt.Errorf("num_replicas is %d, but starting a replica failed (retried with backoff): %w", *body.NumReplicas, err))
 		return
 	}
 	writeJSON(w, http.StatusOK, deploymentStatusOf(ctx, d))

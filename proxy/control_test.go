@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -364,5 +365,34 @@ func TestUnhealthyReplicaReplacedUnderLoad(t *testing.T) {
 	}
 	if log := logs.String(); !strings.Contains(log, "replica unhealthy: taken out of routing") || !strings.Contains(log, first) {
 		t.Fatalf("no log line names the unhealthy replica:\n%s", log)
+	}
+}
+
+func TestUpstreamDeploymentControl(t *testing.T) {
+	var targets []string
+	for _, name := range []string{"one", "two"} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, name) }))
+		t.Cleanup(srv.Close)
+		targets = append(targets, srv.URL)
+	}
+	tp := startProxy(t, Options{}, testDeployment{app: "up", prefix: "/", targets: targets})
+	seen := map[string]bool{}
+	for range 40 {
+		_, body := get(t, tp.url+"/")
+		seen[body] = true
+	}
+	if !seen["one"] || !seen["two"] || len(seen) != 2 {
+		t.Fatalf("answers from %v, want one and two", seen)
+	}
+	dep := getApplications(t, tp).Applications[0].Deployments[0]
+	if dep.NumReplicas != 2 || dep.Status != statusHealthy || len(dep.Replicas) != 2 {
+		t.Fatalf("upstream deployment: %+v", dep)
+	}
+	base := tp.adminURL + "/-/applications/up/deployments/up-dep/"
+	if code, body := put(t, base+"num_replicas", `{"num_replicas": 5}`, ""); code != http.StatusConflict || !strings.Contains(body, "the replicas are its upstreams") {
+		t.Fatalf("PUT num_replicas on upstreams = %d %s, want 409", code, body)
+	}
+	if code, body := put(t, base+"user_config", `{"a": 1}`, ""); code != http.StatusUnprocessableEntity || !strings.Contains(body, "no Reconfigure method") {
+		t.Fatalf("PUT user_config on upstreams = %d %s, want 422", code, body)
 	}
 }

@@ -31,6 +31,8 @@ type testDeployment struct {
 	// healthPeriod is health_check_period_s; an hour if zero.
 	healthPeriod time.Duration
 	userConfig   string
+	// targets, if set, makes the deployment's replicas upstreams to them.
+	targets []string
 }
 
 // testProxy is a proxy serving on loopback listeners.
@@ -85,8 +87,16 @@ func startProxyWith(t *testing.T, opts Options, so ServerOptions, deps ...testDe
 		if td.userConfig != "" {
 			userConfig = json.RawMessage(td.userConfig)
 		}
+		var connect func(id, target string, onRelease func()) (replica.Replica, error)
+		if td.targets != nil {
+			maxOngoing := td.maxOngoing
+			connect = func(id, target string, onRelease func()) (replica.Replica, error) {
+				return replica.NewUpstreamReplica(id, target, replica.UpstreamOptions{MaxOngoing: maxOngoing, OnRelease: onRelease, HealthPath: "/"})
+			}
+		}
 		d, err := NewDeployment(replica.DeploymentSpec{
 			App: td.app, Name: td.app + "-dep", Factory: td.factory, UserConfig: userConfig,
+			Connect: connect, Targets: td.targets,
 			NumReplicas: td.replicas, MaxOngoingRequests: td.maxOngoing,
 			HealthCheckPeriod: td.healthPeriod, HealthCheckTimeout: time.Second,
 			GracefulShutdownTimeout: 10 * time.Second,

@@ -124,6 +124,7 @@ func NewDeployment(spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
 			}
 			d.replicas = append(d.replicas, r)
 		}
+		d.spec.NumReplicas = len(d.replicas)
 	case spec.Start != nil:
 		d.replicas = d.startMany(spec.NumReplicas)
 	default:

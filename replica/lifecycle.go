@@ -188,7 +188,7 @@ func (d *Deployment) starter(ctx context.Context) {
 		}
 		for ctx.Err() == nil {
 			err := d.topUp()
-			if err == nil {
+			if err == nil || ctx.Err() != nil {
 				break
 			}
 			d.mu.Lock()
@@ -197,7 +197,7 @@ func (d *Deployment) starter(ctx context.Context) {
 			if gaveUp {
 				break
 			}
-			wait := min(startBackoffMin<<min(n-1, 20), startBackoffMax)
+			wait := min(startBackoffMin<<min(max(n-1, 0), 20), startBackoffMax)
 			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
