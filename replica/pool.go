@@ -22,13 +22,45 @@ type Actor interface {
 	// ID names the actor; it is unique within a pool.
 	ID() string
 	// Host names the host process the actor lives in, "" for an in-process
-	// actor. Actors of one host are meant to share one batched request
-	// (issue 4); the pool does not use it yet.
+	// actor. Broadcast gives the actors of one host one batched call when
+	// they are HostActors (issue 4).
 	Host() string
 	// Call runs method with payload and returns the answer. It must honour
 	// ctx. The payload may be shared with other actors and must not be
 	// modified.
 	Call(ctx context.Context, method string, payload []byte) ([]byte, error)
+}
+
+// HostBatcher is one host process as the pool's batch path sees it: it
+// takes one call for several of its actors at once, and sends it as one
+// request (HostConn, for a replica host of this project). Broadcast gives
+// each batcher one BatchCall naming its actors, instead of a Call each.
+type HostBatcher interface {
+	// Host names the host process, as its actors' Host does.
+	Host() string
+	// BatchCall runs method with payload on the actors named by ids, all of
+	// them the batcher's, and returns one Result per id, in the order of
+	// ids, each with its own error. It must honour ctx. payload is shared
+	// read-only. ref is the Ref the payload was passed by, the zero Ref if
+	// it came by value: a batcher may send a Ref's bytes to its host once
+	// and name the Ref after that.
+	BatchCall(ctx context.Context, method string, payload []byte, ref Ref, ids []string) []Result
+}
+
+// HostActor is an actor that shares a host process, and so a batched
+// call, with other actors. Broadcast batches an actor whose Host is not ""
+// and whose Batcher is not nil.
+type HostActor interface {
+	Actor
+	// Batcher returns the actor's host; it is the same for every actor of
+	// that host.
+	Batcher() HostBatcher
+}
+
+// refFreer is a HostBatcher that keeps Refs' bytes at its host: Pool.Free
+// tells it to drop them there too.
+type refFreer interface {
+	freeRef(Ref)
 }
 
 // Call is one method call for an actor.
@@ -50,12 +82,12 @@ type Call struct {
 // In process, resolving a Ref is a map lookup and the actor gets the very
 // bytes given to Put. Broadcast resolves it once for all its actors; a
 // submitted call, or ForeachBroadcast, resolves it per call, as a Ray actor
-// fetches an ObjectRef argument for each task. For actors in other
-// processes (not built yet) a Ref is what the wire carries: a host is sent
-// the bytes with the first call naming the Ref that reaches it and keeps
-// them under the Ref's id, every later call to any actor of that host
-// carries the id only, and Free drops the bytes there too. A Ref is only
-// meaningful to the pool that made it.
+// fetches an ObjectRef argument for each task. For the actors of a replica
+// host (HostActor) a Ref is what the wire carries: Broadcast hands it to
+// the host's batcher, which sends the bytes with the first call naming the
+// Ref on each of its connections, and the host keeps them under an id that
+// every later call carries instead; Free drops the bytes there too. A Ref
+// is only meaningful to the pool that made it.
 type Ref struct {
 	pool *Pool
 	id   uint64
@@ -135,6 +167,10 @@ type Pool struct {
 	nextRet   uint64           // lowest submission index GetNext may still return
 	completed list.List        // Submit's done, unreturned tasks, in completion order
 	changed   chan struct{}    // closed at the next completion; nil when nobody waits
+	// hosted is set once an actor that may be batched (a HostActor) joins:
+	// only then does Broadcast look for hosts, so that a pool of
+	// in-process actors pays nothing for batching.
+	hosted bool
 
 	// refMu guards refs and lastRef, the payloads put with Put. It is not mu
 	// so that resolving a Ref never waits behind submitted work.
@@ -159,8 +195,18 @@ func NewPool(actors ...Actor) *Pool {
 		}
 		p.byID[a.ID()] = a
 		p.idle = append(p.idle, a)
+		p.hosted = p.hosted || batcherOf(a) != nil
 	}
 	return p
+}
+
+// batcherOf returns a's host batcher, or nil if a is not to be batched.
+func batcherOf(a Actor) HostBatcher {
+	ha, ok := a.(HostActor)
+	if !ok || ha.Host() == "" {
+		return nil
+	}
+	return ha.Batcher()
 }
 
 // Submit runs c on an idle actor, or queues it until one is idle. It never
@@ -352,6 +398,7 @@ func (p *Pool) Push(a Actor) error {
 	}
 	p.byID[a.ID()] = a
 	p.actors = append(slices.Clip(p.actors), a) // a new array: Broadcasts may hold the old one
+	p.hosted = p.hosted || batcherOf(a) != nil
 	if len(p.queue) > 0 {
 		go p.run(a, p.popQueueLocked())
 	} else {
@@ -372,7 +419,8 @@ func (p *Pool) Put(payload []byte) Ref {
 	return Ref{pool: p, id: p.lastRef}
 }
 
-// Free drops the payload r names. Calls that resolve r afterwards fail with
+// Free drops the payload r names, in the pool and at the hosts its
+// batchers sent it to. Calls that resolve r afterwards fail with
 // ErrUnknownRef; calls that already have the bytes keep them. Free does
 // nothing if r is not p's or is already freed.
 func (p *Pool) Free(r Ref) {
@@ -380,8 +428,23 @@ func (p *Pool) Free(r Ref) {
 		return
 	}
 	p.refMu.Lock()
-	defer p.refMu.Unlock()
 	delete(p.refs, r.id)
+	p.refMu.Unlock()
+	p.mu.Lock()
+	actors, hosted := p.actors, p.hosted
+	p.mu.Unlock()
+	if !hosted {
+		return
+	}
+	seen := make(map[HostBatcher]bool)
+	for _, a := range actors {
+		if hb := batcherOf(a); hb != nil && !seen[hb] {
+			seen[hb] = true
+			if f, ok := hb.(refFreer); ok {
+				f.freeRef(r)
+			}
+		}
+	}
 }
 
 // resolve returns the payload r, one of p's Refs, names.
@@ -532,9 +595,16 @@ const broadcastChunk = 32
 // slow the workers double at every stall, towards one per actor. Workers
 // stop taking actors once ctx ends; a call still running in an actor that
 // ignores ctx finishes into a discarded slot after Broadcast has returned.
+//
+// The actors of a host process (HostActor) are not called one by one:
+// each host's batcher gets one BatchCall naming all of its actors among
+// the targets, on a goroutine of its own, with the payload and the Ref it
+// came by. Its answers land in its actors' slots, in pool order like the
+// others; a host that fails or hangs costs its own actors' slots only.
 func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 	p.mu.Lock()
 	targets := p.actors // never written in place
+	hosted := p.hosted
 	if len(only) > 0 {
 		targets = make([]Actor, len(only))
 		for i, id := range only {
@@ -556,6 +626,11 @@ func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 	}
 	payload, perr := c.payload()
 	b.c = Call{Method: c.Method, Payload: payload} // resolved once for every actor
+	b.ref = c.Ref
+	var groups []hostGroup
+	if hosted && perr == nil {
+		groups, b.batched = groupByHost(targets)
+	}
 	left := n
 	for i, a := range targets {
 		switch {
@@ -573,9 +648,23 @@ func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 		return b.results
 	}
 	b.left.Store(int64(left))
+	unbatched := left
+	for _, g := range groups {
+		unbatched -= len(g.slots)
+		go b.batch(g)
+	}
+	if unbatched == 0 {
+		// Hosts only: no worker, and nothing for the watchdog to watch.
+		select {
+		case <-b.done:
+			return b.results
+		case <-ctx.Done():
+			return b.closed()
+		}
+	}
 	// The calling goroutine is not a worker: it must stay free to return at
 	// the deadline even if an actor ignores ctx.
-	workers := make([]worker, min(n, runtime.GOMAXPROCS(0)))
+	workers := make([]worker, min(unbatched, runtime.GOMAXPROCS(0)))
 	for i := range workers {
 		go b.work(&workers[i])
 	}
@@ -629,7 +718,11 @@ func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 type broadcast struct {
 	ctx     context.Context
 	c       Call    // the payload resolved: c.Ref is the zero Ref
+	ref     Ref     // the Ref the payload came by, for the batchers
 	targets []Actor // nil for an unknown ID of only, whose slot is filled from the start
+	// batched[i] is set when targets[i] is called through its host's
+	// batcher, not by a worker; nil when no target is.
+	batched []bool
 
 	// results[i] is written once, by the worker that called targets[i],
 	// before its filled flag is set; it is read only after that flag is
@@ -722,7 +815,7 @@ func (b *broadcast) drainCalls(w *worker, k int, filled *int64) (ok, panicked bo
 	w.chunk.Store(int32(k))
 	// Locals: the loop would otherwise reload them through b after every
 	// atomic operation.
-	ctx, c, stop := b.ctx, b.c, &b.stop
+	ctx, c, stop, batched := b.ctx, b.c, &b.stop, b.batched
 	targets, results := b.targets[base:base+int(size)], b.results[base:base+int(size)]
 	calling := int32(-1) // the slot whose call is running
 	defer func() {
@@ -747,8 +840,8 @@ func (b *broadcast) drainCalls(w *worker, k int, filled *int64) (ok, panicked bo
 			return true, false
 		}
 		a := targets[j]
-		if a == nil {
-			continue // unknown ID: filled by Broadcast
+		if a == nil || batched != nil && batched[base+int(j)] {
+			continue // unknown ID, filled by Broadcast; or its host's batcher calls it
 		}
 		calling = j
 		v, err := a.Call(ctx, c.Method, c.Payload)
@@ -758,6 +851,75 @@ func (b *broadcast) drainCalls(w *worker, k int, filled *int64) (ok, panicked bo
 		r.Actor = a.ID() // field by field: cheaper under GC than copying a Result in
 		ch.filled[j].Store(true)
 		*filled++
+	}
+}
+
+// hostGroup is the targets of one Broadcast that live in one host.
+type hostGroup struct {
+	hb    HostBatcher
+	slots []int // indexes into targets, in pool order
+}
+
+// groupByHost finds the targets that their host's batcher calls, grouped
+// by batcher in the order their hosts first appear, and marks them.
+func groupByHost(targets []Actor) ([]hostGroup, []bool) {
+	var groups []hostGroup
+	var batched []bool
+	index := make(map[HostBatcher]int)
+	for i, a := range targets {
+		if a == nil {
+			continue
+		}
+		hb := batcherOf(a)
+		if hb == nil {
+			continue
+		}
+		if batched == nil {
+			batched = make([]bool, len(targets))
+		}
+		batched[i] = true
+		g, ok := index[hb]
+		if !ok {
+			g = len(groups)
+			index[hb] = g
+			groups = append(groups, hostGroup{hb: hb})
+		}
+		groups[g].slots = append(groups[g].slots, i)
+	}
+	return groups, batched
+}
+
+// batch makes g's one BatchCall and fills its actors' slots. A panic in
+// BatchCall is a *PanicError in each of them; a batcher that answers for
+// fewer actors than it was given fails the rest.
+func (b *broadcast) batch(g hostGroup) {
+	ids := make([]string, len(g.slots))
+	for k, i := range g.slots {
+		ids[k] = b.targets[i].ID()
+	}
+	rs, perr := func() (rs []Result, perr error) {
+		defer func() {
+			if v := recover(); v != nil {
+				perr = &PanicError{Value: v, Stack: debug.Stack()}
+			}
+		}()
+		return g.hb.BatchCall(b.ctx, b.c.Method, b.c.Payload, b.ref, ids), nil
+	}()
+	for k, i := range g.slots {
+		r := &b.results[i]
+		switch {
+		case perr != nil:
+			r.Value, r.Err = nil, perr
+		case k < len(rs):
+			r.Value, r.Err = rs[k].Value, rs[k].Err
+		default:
+			r.Value, r.Err = nil, fmt.Errorf("replica: host %s answered for %d of %d actors", g.hb.Host(), len(rs), len(ids))
+		}
+		r.Actor = ids[k]
+		b.chunks[i/broadcastChunk].filled[i%broadcastChunk].Store(true)
+	}
+	if b.left.Add(-int64(len(g.slots))) == 0 {
+		close(b.done)
 	}
 }
 

@@ -933,3 +933,193 @@ func TestRef(t *testing.T) {
 		t.Fatal("a Ref id was reused")
 	}
 }
+
+// fakeBatcher is a HostBatcher that counts its calls and answers each
+// actor with "<id>:<payload>", unless fn says otherwise.
+type fakeBatcher struct {
+	host  string
+	calls atomic.Int64
+	fn    func(ctx context.Context, ids []string) []Result // nil: the default answer
+
+	mu    sync.Mutex
+	ids   [][]string // the ids of each call
+	refs  []Ref      // the Ref of each call
+	freed []Ref
+}
+
+func (b *fakeBatcher) Host() string { return b.host }
+
+func (b *fakeBatcher) BatchCall(ctx context.Context, method string, payload []byte, ref Ref, ids []string) []Result {
+	b.calls.Add(1)
+	b.mu.Lock()
+	b.ids = append(b.ids, slices.Clone(ids))
+	b.refs = append(b.refs, ref)
+	b.mu.Unlock()
+	if b.fn != nil {
+		return b.fn(ctx, ids)
+	}
+	rs := make([]Result, len(ids))
+	for i, id := range ids {
+		rs[i].Value = []byte(id + ":" + method + ":" + string(payload))
+	}
+	return rs
+}
+
+func (b *fakeBatcher) freeRef(r Ref) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.freed = append(b.freed, r)
+}
+
+// hostedActor is an actor of a fakeBatcher's host. Its own Call is never
+// to be used by a Broadcast.
+type hostedActor struct {
+	id     string
+	hb     *fakeBatcher
+	direct *atomic.Int64
+}
+
+func (a *hostedActor) ID() string           { return a.id }
+func (a *hostedActor) Host() string         { return a.hb.host }
+func (a *hostedActor) Batcher() HostBatcher { return a.hb }
+func (a *hostedActor) Call(context.Context, string, []byte) ([]byte, error) {
+	a.direct.Add(1)
+	return []byte("direct"), nil
+}
+
+var _ HostActor = (*hostedActor)(nil)
+
+// hostedPool is a pool of 3 hosts' actors, 4 each, between in-process
+// ones, in an order that mixes them.
+func hostedPool(direct *atomic.Int64) (*Pool, []*fakeBatcher, []Actor) {
+	hosts := []*fakeBatcher{{host: "h0:1"}, {host: "h1:1"}, {host: "h2:1"}}
+	var actors []Actor
+	for i := range 4 {
+		for h, hb := range hosts {
+			actors = append(actors, &hostedActor{id: fmt.Sprintf("h%d/%d", h, i), hb: hb, direct: direct})
+		}
+		actors = append(actors, echoActor(fmt.Sprintf("local%d", i)))
+	}
+	return NewPool(actors...), hosts, actors
+}
+
+func TestBroadcastBatchesPerHost(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	var direct atomic.Int64
+	p, hosts, actors := hostedPool(&direct)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+
+	rs := p.Broadcast(ctx, Call{Method: "m", Payload: []byte("x")})
+	if got, want := resultIDs(rs), actorIDs(actors); !slices.Equal(got, want) {
+		t.Fatalf("results %v, want pool order %v", got, want)
+	}
+	for i, r := range rs {
+		want := actors[i].ID() + ":m:x"
+		if strings.HasPrefix(actors[i].ID(), "local") {
+			want = "x"
+		}
+		if r.Err != nil || string(r.Value) != want {
+			t.Fatalf("%s: %q, %v; want %q", r.Actor, r.Value, r.Err, want)
+		}
+	}
+	for h, hb := range hosts {
+		want := []string{fmt.Sprintf("h%d/0", h), fmt.Sprintf("h%d/1", h), fmt.Sprintf("h%d/2", h), fmt.Sprintf("h%d/3", h)}
+		if hb.calls.Load() != 1 || !slices.Equal(hb.ids[0], want) {
+			t.Fatalf("host %s: %d calls, ids %v; want 1 call for %v", hb.host, hb.calls.Load(), hb.ids, want)
+		}
+	}
+	if direct.Load() != 0 {
+		t.Fatalf("%d hosted actors called one by one", direct.Load())
+	}
+
+	// A subset: one call per host named, none for the others.
+	rs = p.Broadcast(ctx, Call{Method: "m"}, "h1/3", "local0", "nope", "h1/0")
+	if rs[0].Actor != "h1/3" || string(rs[0].Value) != "h1/3:m:" || !errors.Is(rs[2].Err, ErrUnknownActor) || rs[3].Actor != "h1/0" {
+		t.Fatalf("subset: %+v", rs)
+	}
+	if n0, n1 := hosts[0].calls.Load(), hosts[1].calls.Load(); n0 != 1 || n1 != 2 || !slices.Equal(hosts[1].ids[1], []string{"h1/3", "h1/0"}) {
+		t.Fatalf("subset: calls %d %d, ids %v", n0, n1, hosts[1].ids)
+	}
+
+	// Hosts only: no worker runs.
+	rs = p.Broadcast(ctx, Call{Method: "m"}, "h2/0", "h2/1")
+	if len(rs) != 2 || rs[1].Err != nil || string(rs[1].Value) != "h2/1:m:" {
+		t.Fatalf("hosts only: %+v", rs)
+	}
+
+	// A Ref reaches the batchers as itself, with its bytes; Free reaches
+	// each batcher once.
+	ref := p.Put([]byte("big"))
+	rs = p.Broadcast(ctx, Call{Method: "m", Ref: ref})
+	if string(rs[0].Value) != "h0/0:m:big" || hosts[0].refs[len(hosts[0].refs)-1] != ref {
+		t.Fatalf("by Ref: %q, ref %v", rs[0].Value, hosts[0].refs)
+	}
+	p.Free(ref)
+	for _, hb := range hosts {
+		if !slices.Equal(hb.freed, []Ref{ref}) {
+			t.Fatalf("host %s freed %v, want the Ref once", hb.host, hb.freed)
+		}
+	}
+	rs = p.Broadcast(ctx, Call{Method: "m", Ref: ref})
+	if !errors.Is(rs[0].Err, ErrUnknownRef) || hosts[0].calls.Load() != 2 {
+		t.Fatalf("a freed Ref: %v, %d calls", rs[0].Err, hosts[0].calls.Load())
+	}
+
+	// An actor with no host is called on its own even if it could batch.
+	nohost := &hostedActor{id: "solo", hb: &fakeBatcher{host: ""}, direct: &direct}
+	if rs := NewPool(nohost).Broadcast(ctx, Call{Method: "m"}); string(rs[0].Value) != "direct" {
+		t.Fatalf("an actor with Host \"\": %+v", rs)
+	}
+}
+
+// TestBroadcastDeadHostCostsItsSlots: a host that hangs, one that panics
+// and one that answers short cost their own actors' slots only.
+func TestBroadcastDeadHostCostsItsSlots(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	var direct atomic.Int64
+	p, hosts, actors := hostedPool(&direct)
+	gate := make(chan struct{})
+	hosts[0].fn = func(ctx context.Context, ids []string) []Result {
+		<-gate // ignores ctx, as a host that is gone might
+		return nil
+	}
+	hosts[1].fn = func(context.Context, []string) []Result { panic("batcher bug") }
+	hosts[2].fn = func(_ context.Context, ids []string) []Result { return make([]Result, len(ids)-1) }
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	rs := p.Broadcast(ctx, Call{Method: "m", Payload: []byte("x")})
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Broadcast took %v", d)
+	}
+	close(gate)
+	for i, r := range rs {
+		id := actors[i].ID()
+		var pe *PanicError
+		switch {
+		case r.Actor != id:
+			t.Fatalf("slot %d: %s, want %s", i, r.Actor, id)
+		case strings.HasPrefix(id, "local"):
+			if r.Err != nil {
+				t.Fatalf("%s: %v", id, r.Err)
+			}
+		case strings.HasPrefix(id, "h0/"):
+			if !errors.Is(r.Err, context.DeadlineExceeded) {
+				t.Fatalf("%s on the hung host: %v", id, r.Err)
+			}
+		case strings.HasPrefix(id, "h1/"):
+			if !errors.As(r.Err, &pe) || pe.Value != "batcher bug" {
+				t.Fatalf("%s on the panicking host: %v", id, r.Err)
+			}
+		case id == "h2/3":
+			if r.Err == nil || !strings.Contains(r.Err.Error(), "answered for 3 of 4") {
+				t.Fatalf("%s, left out by its host: %v", id, r.Err)
+			}
+		default:
+			if r.Err != nil {
+				t.Fatalf("%s: %v", id, r.Err)
+			}
+		}
+	}
+}

@@ -1,0 +1,163 @@
+// Command replica is a replica host: it runs K actors of one registered
+// handler in this process, each enforcing its own max_ongoing_requests, and
+// serves them to proxies over the replica-host protocol (replica.Host),
+// whose control calls it fans out to its actors.
+//
+// Usage:
+//
+//	replica -handler static -replicas 8 -max-ongoing 100 -listen 127.0.0.1:9001 [-user-config '{"body":"hi"}']
+//
+// It applies the same GC settings as the proxy (PROXY_GC_TUNING,
+// PROXY_GC_PERCENT, PROXY_GC_MEMORY_LIMIT; GOGC and GOMEMLIMIT win) and
+// obeys the proxy's set_gc broadcasts; it logs as the proxy does
+// (PROXY_LOG_LEVEL, PROXY_LOG_FORMAT). It prints "listening on ADDR" to
+// stdout once the socket is bound, so scripts can wait for that line. On
+// SIGTERM or SIGINT it refuses new requests (the proxies send them to other
+// replicas), waits up to -grace for those it holds, and exits 0.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/serveproxy/serveproxy/config"
+	"github.com/serveproxy/serveproxy/gctune"
+	"github.com/serveproxy/serveproxy/replica"
+)
+
+// Exit codes, as the proxy's.
+const (
+	exitOK      = 0
+	exitFailed  = 1 // could not serve, or requests were cut at the grace period
+	exitInvalid = 2 // bad flags, environment or handler config
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], environ(), os.Stdout, os.Stderr))
+}
+
+func environ() map[string]string {
+	m := make(map[string]string)
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// run is main without the process: it serves until ctx ends. Tests call
+// it.
+func run(ctx context.Context, args []string, env map[string]string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("replica", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	handler := fs.String("handler", "static", "the registered handler `kind` the actors run (static, echo, sleep)")
+	replicas := fs.Int("replicas", 1, "how many actors to run, 1 to 65535")
+	maxOngoing := fs.Int("max-ongoing", 5, "each actor's max_ongoing_requests")
+	listen := fs.String("listen", "127.0.0.1:9001", "the `address` to listen on for proxies")
+	userConfig := fs.String("user-config", "", "the handler's user_config, as `JSON`")
+	name := fs.String("name", "", "begin the actors' ids with `name` (default: the handler kind)")
+	grace := fs.Duration("grace", 20*time.Second, "how long SIGTERM waits for the requests in flight (graceful_shutdown_timeout_s)")
+	if err := fs.Parse(args); err != nil {
+		return exitInvalid
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "replica: unexpected arguments: %v\n", fs.Args())
+		return exitInvalid
+	}
+	e, err := config.ReadEnv(env)
+	if err != nil {
+		fmt.Fprintf(stderr, "replica: environment: %v\n", err)
+		return exitInvalid
+	}
+	// GC settings first, before the handlers allocate anything to speak of.
+	gc, err := gctune.Apply(e, env)
+	if err != nil {
+		fmt.Fprintf(stderr, "replica: environment: %v\n", err)
+		return exitInvalid
+	}
+	factory, err := replica.NewRegistry().Lookup(*handler)
+	if err != nil {
+		fmt.Fprintf(stderr, "replica: -handler: %v\n", err)
+		return exitInvalid
+	}
+	var uc json.RawMessage
+	if *userConfig != "" {
+		if !json.Valid([]byte(*userConfig)) {
+			fmt.Fprintf(stderr, "replica: -user-config: not valid JSON: %s\n", *userConfig)
+			return exitInvalid
+		}
+		uc = json.RawMessage(*userConfig)
+	}
+	if *name == "" {
+		*name = *handler
+	}
+	log := newLogger(stderr, e)
+	h, err := replica.NewHost(replica.HostConfig{
+		Name: *name, Factory: factory, UserConfig: uc,
+		Replicas: *replicas, MaxOngoing: *maxOngoing, GC: gc, Log: log,
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "replica: %v\n", err)
+		return exitInvalid
+	}
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		fmt.Fprintf(stderr, "replica: %v\n", err)
+		return exitFailed
+	}
+	// The bound address, not the flag's, so that ":0" says the real port.
+	fmt.Fprintf(stdout, "listening on %s\n", l.Addr())
+	st := gc.State()
+	log.Info().Str("listen", l.Addr().String()).Str("handler", *handler).Int("replicas", *replicas).
+		Int("max_ongoing_requests", *maxOngoing).Int("gc_percent", st.Percent).Str("gc_memory_limit", st.MemoryLimit).
+		Msg("replica host serving")
+
+	served := make(chan error, 1)
+	go func() { served <- h.Serve(l) }()
+	select {
+	case err := <-served:
+		log.Error().Err(err).Msg("replica host: the listener failed")
+		_ = h.Close()
+		return exitFailed
+	case <-ctx.Done():
+	}
+	log.Info().Dur("grace", *grace).Msg("replica host draining")
+	sctx, cancel := context.WithTimeout(context.Background(), *grace)
+	defer cancel()
+	err = h.Shutdown(sctx)
+	if serr := <-served; !errors.Is(serr, replica.ErrHostClosed) {
+		log.Warn().Err(serr).Msg("replica host: serving ended")
+	}
+	if err != nil {
+		log.Warn().Err(err).Msg("replica host: requests still running at the grace period were cut")
+		return exitFailed
+	}
+	log.Info().Msg("replica host stopped")
+	return exitOK
+}
+
+func newLogger(w io.Writer, e config.Env) zerolog.Logger {
+	level, err := zerolog.ParseLevel(e.LogLevel)
+	if err != nil {
+		level = zerolog.InfoLevel // ReadEnv has validated it already
+	}
+	if e.LogFormat == "console" {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+	}
+	return zerolog.New(w).Level(level).With().Timestamp().Logger()
+}

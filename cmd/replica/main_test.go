@@ -1,0 +1,223 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/serveproxy/serveproxy/replica"
+)
+
+// childEnv makes the test binary run main instead of the tests, with the
+// arguments it was given.
+const childEnv = "REPLICA_MAIN_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		main()
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// lineWriter passes what run prints to stdout on, line by line.
+type lineWriter struct {
+	mu    sync.Mutex
+	buf   strings.Builder
+	lines chan string
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	for {
+		s := w.buf.String()
+		i := strings.IndexByte(s, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		w.lines <- s[:i]
+		w.buf.Reset()
+		w.buf.WriteString(s[i+1:])
+	}
+}
+
+// listening waits for the "listening on ADDR" line and returns ADDR.
+func listening(t *testing.T, lines <-chan string) string {
+	t.Helper()
+	select {
+	case line := <-lines:
+		addr, ok := strings.CutPrefix(line, "listening on ")
+		if !ok {
+			t.Fatalf("first line %q", line)
+		}
+		return addr
+	case <-time.After(20 * time.Second):
+		t.Fatal("no \"listening on\" line")
+	}
+	return ""
+}
+
+// get serves GET path on the host's replica k and returns the body.
+func get(t *testing.T, c *replica.HostConn, k int, path string) (string, error) {
+	t.Helper()
+	r := c.Replicas()[k]
+	release, ok := r.TryAcquire()
+	if !ok {
+		t.Fatal("no free slot")
+	}
+	defer release()
+	w := httptest.NewRecorder()
+	err := r.Serve(w, httptest.NewRequest(http.MethodGet, path, nil))
+	return w.Body.String(), err
+}
+
+func connect(t *testing.T, addr string) *replica.HostConn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := replica.ConnectHost(ctx, addr, replica.HostOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range c.Replicas() {
+		r.SetState(replica.StateRunning)
+	}
+	return c
+}
+
+func TestRunServesAndStops(t *testing.T) {
+	stdout := &lineWriter{lines: make(chan string, 10)}
+	var stderr strings.Builder
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	code := make(chan int, 1)
+	go func() {
+		// Tuning off: the test process's GC settings stay as they are.
+		code <- run(ctx, []string{"-handler", "static", "-replicas", "3", "-max-ongoing", "7", "-listen", "127.0.0.1:0", "-user-config", `{"body":"hi"}`},
+			map[string]string{"PROXY_GC_TUNING": "false"}, stdout, &stderr)
+	}()
+	addr := listening(t, stdout.lines)
+	c := connect(t, addr)
+	defer c.Close()
+	rs := c.Replicas()
+	if len(rs) != 3 || rs[2].ID() != addr+"/static#2" || rs[0].MaxOngoing() != 7 {
+		t.Fatalf("%d replicas, %s, max %d", len(rs), rs[2].ID(), rs[0].MaxOngoing())
+	}
+	if body, err := get(t, c, 1, "/"); err != nil || body != "hi" {
+		t.Fatalf("%q, %v", body, err)
+	}
+	cancel()
+	select {
+	case got := <-code:
+		if got != exitOK {
+			t.Fatalf("exit %d, stderr %s", got, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("run did not return")
+	}
+}
+
+func TestRunBadInput(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown handler", []string{"-handler", "nope"}, `unknown handler "nope"`},
+		{"bad user_config", []string{"-user-config", "{"}, "not valid JSON"},
+		{"user_config the handler refuses", []string{"-user-config", `{"bogus": 1}`}, "bogus"},
+		{"no replicas", []string{"-replicas", "0"}, "replicas must be 1 to 65535"},
+		{"bad flag", []string{"-nope"}, "flag provided but not defined"},
+		{"bad address", []string{"-listen", "256.0.0.1:1"}, "listen"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr strings.Builder
+			got := run(context.Background(), tt.args, map[string]string{"PROXY_GC_TUNING": "false"}, &stdout, &stderr)
+			if got == exitOK || !strings.Contains(stderr.String(), tt.want) {
+				t.Fatalf("exit %d, stderr %q; want a failure saying %q", got, stderr.String(), tt.want)
+			}
+		})
+	}
+}
+
+// TestSIGTERMDrains runs the binary: SIGTERM lets the request in flight
+// finish, then the process exits 0.
+func TestSIGTERMDrains(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-handler", "sleep", "-replicas", "2", "-max-ongoing", "4", "-listen", "127.0.0.1:0",
+		"-user-config", `{"ms": 300, "body": "slept"}`, "-grace", "10s")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill() }()
+	lines := make(chan string, 10)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		_, _ = io.Copy(io.Discard, out)
+		close(lines)
+	}()
+	addr := listening(t, lines)
+	c := connect(t, addr)
+	defer c.Close()
+
+	type answer struct {
+		body string
+		err  error
+	}
+	inFlight := make(chan answer, 1)
+	go func() {
+		body, err := get(t, c, 0, "/")
+		inFlight <- answer{body, err}
+	}()
+	time.Sleep(100 * time.Millisecond) // the request is at the host
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if a := <-inFlight; a.err != nil || a.body != "slept" {
+		t.Fatalf("the request in flight at SIGTERM: %q, %v", a.body, a.err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		if err != nil {
+			t.Fatalf("exit: %v; stderr %s", err, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the replica host did not exit after SIGTERM")
+	}
+	if !strings.Contains(stderr.String(), "replica host stopped") {
+		t.Fatalf("stderr: %s", stderr.String())
+	}
+}

@@ -1,0 +1,993 @@
+package replica
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/serveproxy/serveproxy/config"
+	"github.com/serveproxy/serveproxy/gctune"
+)
+
+// HostConfig configures a Host.
+type HostConfig struct {
+	// Name begins the actors' ids, "<Name>#<i>". If empty, "replica".
+	Name string
+	// Factory builds each actor's handler from UserConfig.
+	Factory    Factory
+	UserConfig json.RawMessage
+	// Replicas is how many actors the host runs, 1 to 65535.
+	Replicas int
+	// MaxOngoing is each actor's max_ongoing_requests, at least 1. The
+	// actor enforces it: a request over it is refused (a full frame, which
+	// the proxy returns as a *FullError and sends elsewhere).
+	MaxOngoing int
+	// GC holds the process's garbage-collector settings, which set_gc
+	// retunes. If nil, the host keeps its own record of the settings in
+	// force when it was built.
+	GC *gctune.Tuner
+	// MaxFrameSize is the largest frame body the host takes, at least
+	// MinMaxFrameSize. If 0, DefaultMaxFrameSize.
+	MaxFrameSize int
+	// Log receives connection events, protocol errors and handler panics.
+	// The zero Logger logs nothing.
+	Log zerolog.Logger
+}
+
+// ErrHostClosed is what Host.Serve returns once Shutdown or Close has
+// begun.
+var ErrHostClosed = errors.New("replica: host closed")
+
+// hostHandshakeTimeout bounds the wait for a new connection's hello.
+const hostHandshakeTimeout = 10 * time.Second
+
+// Limits on the payloads a connection keeps under refs: past them the
+// proxy is misbehaving, and the connection is closed.
+const (
+	maxHostRefs     = 4096
+	maxHostRefBytes = 256 << 20
+)
+
+// Host is a replica host: K in-process actors of one handler, served to
+// proxies over the replica-host protocol (see host_wire.go) on any number
+// of listeners. Each actor is a Local that enforces its own
+// max_ongoing_requests against every proxy at once. Control calls reach
+// the actors through the host's own Pool.
+type Host struct {
+	actors   []*Local
+	ids      []string
+	pool     *Pool
+	gc       *gctune.Tuner
+	maxFrame int
+	hello    []byte // the host's hello frame, whole
+	log      zerolog.Logger
+
+	// mu guards the fields below.
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	conns     map[*hostSession]struct{}
+	closed    bool
+	stop      chan struct{} // closed when closed is set
+
+	wg sync.WaitGroup // the connections' goroutines
+}
+
+// NewHost builds the host's actors, running. It fails if a setting is out
+// of range or the factory fails (or panics).
+func NewHost(cfg HostConfig) (h *Host, err error) {
+	name := cfg.Name
+	if name == "" {
+		name = "replica"
+	}
+	switch {
+	case cfg.Factory == nil:
+		return nil, errors.New("replica host: no handler factory")
+	case cfg.Replicas < 1 || cfg.Replicas > 0xffff:
+		return nil, fmt.Errorf("replica host: replicas must be 1 to 65535, got %d", cfg.Replicas)
+	case cfg.MaxOngoing < 1 || int64(cfg.MaxOngoing) > 0xffffffff:
+		return nil, fmt.Errorf("replica host: max_ongoing_requests must be at least 1, got %d", cfg.MaxOngoing)
+	case len(name) > 200:
+		return nil, fmt.Errorf("replica host: the name %q is over 200 bytes", name[:20]+"...")
+	case cfg.MaxFrameSize != 0 && cfg.MaxFrameSize < MinMaxFrameSize:
+		return nil, fmt.Errorf("replica host: max frame size must be at least %d, got %d", MinMaxFrameSize, cfg.MaxFrameSize)
+	}
+	h = &Host{
+		maxFrame:  cfg.MaxFrameSize,
+		gc:        cfg.GC,
+		log:       cfg.Log,
+		listeners: make(map[net.Listener]struct{}),
+		conns:     make(map[*hostSession]struct{}),
+		stop:      make(chan struct{}),
+	}
+	if h.maxFrame == 0 {
+		h.maxFrame = DefaultMaxFrameSize
+	}
+	if h.gc == nil {
+		// With tuning off, Apply changes nothing: it records what is in
+		// force, for set_gc to change.
+		if h.gc, err = gctune.Apply(config.Env{}, nil); err != nil {
+			return nil, err
+		}
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			h, err = nil, fmt.Errorf("replica host: the handler factory panicked: %v", v)
+		}
+	}()
+	actors := make([]Actor, cfg.Replicas)
+	for i := range cfg.Replicas {
+		hd, err := cfg.Factory(cfg.UserConfig)
+		if err != nil {
+			return nil, fmt.Errorf("replica host: %w", err)
+		}
+		l := NewLocal(fmt.Sprintf("%s#%d", name, i), hd, cfg.MaxOngoing, nil)
+		l.SetState(StateRunning)
+		h.actors = append(h.actors, l)
+		h.ids = append(h.ids, l.ID())
+		actors[i] = l
+	}
+	h.pool = NewPool(actors...)
+
+	b, at := startFrame(nil, frameHello, 0, 0)
+	b = append(b, hostMagic...)
+	b = binary.BigEndian.AppendUint16(b, hostProtocolVersion)
+	b = binary.BigEndian.AppendUint32(b, uint32(h.maxFrame))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(h.actors)))
+	for _, l := range h.actors {
+		b = appendStr8(b, l.ID())
+		b = binary.BigEndian.AppendUint32(b, uint32(l.MaxOngoing()))
+	}
+	binary.BigEndian.PutUint32(b[at:], uint32(len(b)-at-frameHeaderLen))
+	h.hello = b
+	return h, nil
+}
+
+// Actors returns the host's actors, in the order of its hello.
+func (h *Host) Actors() []*Local { return h.actors }
+
+// Serve accepts proxies' connections on l and serves them until l fails,
+// or Shutdown or Close is called; it returns ErrHostClosed then. A host may
+// serve several listeners at once.
+func (h *Host) Serve(l net.Listener) error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return ErrHostClosed
+	}
+	h.listeners[l] = struct{}{}
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		delete(h.listeners, l)
+		h.mu.Unlock()
+	}()
+	var delay time.Duration
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			h.mu.Lock()
+			closed := h.closed
+			h.mu.Unlock()
+			if closed {
+				return ErrHostClosed
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			// Out of file descriptors, say: wait, as net/http does.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			h.log.Warn().Err(err).Dur("retry_in", delay).Msg("replica host: accept failed")
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-h.stop:
+				t.Stop()
+				return ErrHostClosed
+			}
+			continue
+		}
+		delay = 0
+		h.mu.Lock()
+		if h.closed {
+			h.mu.Unlock()
+			_ = nc.Close()
+			return ErrHostClosed
+		}
+		h.wg.Add(1)
+		h.mu.Unlock()
+		go h.serveConn(nc)
+	}
+}
+
+// Shutdown stops accepting connections, refuses new requests (as full: the
+// proxies send them elsewhere), waits until the actors have finished the
+// requests they hold, then closes every connection once its last frames
+// are written. If ctx ends first, it closes everything at once (see Close)
+// and returns ctx's error.
+func (h *Host) Shutdown(ctx context.Context) error {
+	h.closeListeners()
+	for _, l := range h.actors {
+		l.SetState(StateDraining)
+	}
+	var err error
+	for _, r := range h.pool.Broadcast(ctx, Call{Method: MethodDrain}) {
+		if r.Err != nil && err == nil {
+			err = r.Err
+		}
+	}
+	h.mu.Lock()
+	for c := range h.conns {
+		c.w.closeGracefully()
+	}
+	h.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		h.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return err
+	case <-ctx.Done():
+	}
+	h.Close()
+	<-done
+	return ctx.Err()
+}
+
+// Close closes the listeners and every connection at once: requests in
+// flight are cut (their handlers' contexts are cancelled) and the proxies
+// see the host gone. It waits for the handlers to return.
+func (h *Host) Close() error {
+	h.closeListeners()
+	for _, l := range h.actors {
+		l.SetState(StateStopped)
+	}
+	h.mu.Lock()
+	for c := range h.conns {
+		c.w.fail(errConnClosed)
+	}
+	h.mu.Unlock()
+	h.wg.Wait()
+	return nil
+}
+
+func (h *Host) closeListeners() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.closed {
+		h.closed = true
+		close(h.stop)
+	}
+	for l := range h.listeners {
+		_ = l.Close()
+	}
+}
+
+// serveConn runs one proxy's connection until it ends.
+func (h *Host) serveConn(nc net.Conn) {
+	defer h.wg.Done()
+	c, err := h.handshake(nc)
+	if err != nil {
+		h.log.Warn().Err(err).Str("peer", nc.RemoteAddr().String()).Msg("replica host: handshake failed; connection closed")
+		_ = nc.Close()
+		return
+	}
+	h.mu.Lock()
+	if h.closed {
+		// Shutdown or Close began during the handshake.
+		h.mu.Unlock()
+		_ = nc.Close()
+		return
+	}
+	h.conns[c] = struct{}{}
+	h.mu.Unlock()
+	go c.w.run()
+	h.log.Debug().Str("peer", c.remote).Msg("replica host: proxy connected")
+
+	err = c.readLoop()
+	c.shut(err)
+	c.handlers.Wait()
+	<-c.w.done
+	h.mu.Lock()
+	delete(h.conns, c)
+	h.mu.Unlock()
+	if errors.Is(err, ErrFrameTooLarge) || errors.Is(err, ErrBadFrame) {
+		h.log.Warn().Err(err).Str("peer", c.remote).Msg("replica host: protocol error; connection closed")
+	} else {
+		h.log.Debug().Err(err).Str("peer", c.remote).Msg("replica host: proxy disconnected")
+	}
+}
+
+// handshake reads the proxy's hello and answers with the host's.
+func (h *Host) handshake(nc net.Conn) (*hostSession, error) {
+	_ = nc.SetDeadline(time.Now().Add(hostHandshakeTimeout))
+	fr := newFrameReader(nc, h.maxFrame)
+	typ, _, _, body, err := fr.next()
+	if err != nil {
+		return nil, fmt.Errorf("reading the proxy's hello: %w", err)
+	}
+	r := newWireReader(body)
+	magic := r.take(len(hostMagic))
+	version := r.u16()
+	peerMax := int(r.u32())
+	switch {
+	case typ != frameHello || !r.ok || string(magic) != hostMagic:
+		return nil, fmt.Errorf("%w: the first frame is not a serveproxy hello", ErrBadFrame)
+	case version != hostProtocolVersion:
+		return nil, fmt.Errorf("the proxy speaks replica host protocol version %d, this host %d", version, hostProtocolVersion)
+	case peerMax < MinMaxFrameSize:
+		return nil, fmt.Errorf("%w: the proxy's max frame size %d is below %d", ErrBadFrame, peerMax, MinMaxFrameSize)
+	case len(h.hello)-frameHeaderLen > peerMax:
+		return nil, fmt.Errorf("the host's hello (%d bytes) is over the proxy's max frame size %d", len(h.hello)-frameHeaderLen, peerMax)
+	}
+	if _, err := nc.Write(h.hello); err != nil {
+		return nil, err
+	}
+	_ = nc.SetDeadline(time.Time{})
+	return &hostSession{
+		h:       h,
+		nc:      nc,
+		fr:      fr,
+		w:       newFrameWriter(nc, peerMax),
+		remote:  nc.RemoteAddr().String(),
+		streams: make(map[uint32]*hostStream),
+		refs:    make(map[uint64][]byte),
+	}, nil
+}
+
+// setGC applies a set_gc payload, the proxy's gctune.State as JSON, to
+// this process.
+func (h *Host) setGC(payload []byte) error {
+	var st gctune.State
+	if err := json.Unmarshal(payload, &st); err != nil {
+		return fmt.Errorf("set_gc: %w", err)
+	}
+	percent := config.GCPercent(st.Percent)
+	limit := config.MemoryLimit{Bytes: config.ByteSize(max(st.MemoryLimitBytes, 0))}
+	s, err := h.gc.Set(gctune.Update{Percent: &percent, MemoryLimit: &limit})
+	if err != nil {
+		return fmt.Errorf("set_gc: %w", err)
+	}
+	h.log.Info().Int("percent", s.Percent).Str("memory_limit", s.MemoryLimit).Msg("replica host: GC retuned by set_gc")
+	return nil
+}
+
+// hostSession is one proxy's connection to the host.
+type hostSession struct {
+	h      *Host
+	nc     net.Conn
+	fr     *frameReader
+	w      *frameWriter
+	remote string
+
+	// mu guards streams and closed.
+	mu      sync.Mutex
+	streams map[uint32]*hostStream // requests and calls running
+	closed  bool
+
+	// refs are the payloads kept for the proxy's Refs, by the
+	// connection's ref id, and refBytes their size. Only the reader
+	// goroutine uses them.
+	refs     map[uint64][]byte
+	refBytes int
+
+	handlers sync.WaitGroup // request and control goroutines
+}
+
+// hostStream is a request or control call running on the host.
+type hostStream struct {
+	id     uint32
+	ctx    context.Context
+	cancel context.CancelFunc
+	body   *inbox  // a streamed request body; nil when it came whole
+	win    *window // credit for the response's data, once it streams; set under hostSession.mu
+}
+
+// readLoop reads the proxy's frames until the connection ends.
+func (c *hostSession) readLoop() error {
+	for {
+		typ, flags, id, body, err := c.fr.next()
+		if err != nil {
+			return err
+		}
+		switch typ {
+		case frameRequest:
+			err = c.onRequest(id, flags, body)
+		case frameData:
+			if s := c.stream(id); s != nil {
+				if s.body == nil {
+					return fmt.Errorf("%w: data for a request whose body came whole", ErrBadFrame)
+				}
+				err = s.body.put(body, flags&flagEnd != 0)
+			}
+		case frameCredit:
+			if len(body) != 4 {
+				return fmt.Errorf("%w: a credit frame of %d bytes", ErrBadFrame, len(body))
+			}
+			if s := c.stream(id); s != nil {
+				c.mu.Lock()
+				win := s.win
+				c.mu.Unlock()
+				if win != nil {
+					err = win.add(int(binary.BigEndian.Uint32(body)))
+				}
+			}
+		case frameCancel:
+			if s := c.stream(id); s != nil {
+				s.cancel()
+			}
+		case frameControl:
+			err = c.onControl(id, flags, body)
+		case frameFree:
+			if len(body) != 8 {
+				return fmt.Errorf("%w: a free frame of %d bytes", ErrBadFrame, len(body))
+			}
+			ref := binary.BigEndian.Uint64(body)
+			c.refBytes -= len(c.refs[ref])
+			delete(c.refs, ref)
+		default:
+			return fmt.Errorf("%w: a frame of type %d from a proxy", ErrBadFrame, typ)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (c *hostSession) stream(id uint32) *hostStream {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.streams[id]
+}
+
+// register adds s, unless the connection is over.
+func (c *hostSession) register(s *hostStream) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || s.id == 0 || c.streams[s.id] != nil {
+		return false
+	}
+	c.streams[s.id] = s
+	return true
+}
+
+// endStream removes s once it is done.
+func (c *hostSession) endStream(s *hostStream) {
+	c.mu.Lock()
+	delete(c.streams, s.id)
+	win := s.win
+	c.mu.Unlock()
+	s.cancel()
+	if win != nil {
+		win.close(context.Canceled)
+	}
+}
+
+// shut ends every stream of a connection that is over.
+func (c *hostSession) shut(err error) {
+	if err == nil || errors.Is(err, io.EOF) {
+		err = errConnClosed
+	}
+	c.w.fail(err)
+	c.mu.Lock()
+	c.closed = true
+	streams := make([]*hostStream, 0, len(c.streams))
+	for _, s := range c.streams {
+		streams = append(streams, s)
+	}
+	c.mu.Unlock()
+	for _, s := range streams {
+		s.cancel()
+		if s.body != nil {
+			s.body.fail(err)
+		}
+		c.mu.Lock()
+		win := s.win
+		c.mu.Unlock()
+		if win != nil {
+			win.close(err)
+		}
+	}
+}
+
+// onRequest takes a request frame: the actor takes the request, or it is
+// refused at once with a full frame.
+func (c *hostSession) onRequest(id uint32, flags byte, body []byte) error {
+	if id == 0 || len(body) < 2 {
+		return fmt.Errorf("%w: a request frame without an id or an actor", ErrBadFrame)
+	}
+	idx := int(binary.BigEndian.Uint16(body))
+	if idx >= len(c.h.actors) {
+		err := fmt.Errorf("%w: the host has no actor %d", ErrUnknownActor, idx)
+		return c.sendError(id, err)
+	}
+	l := c.h.actors[idx]
+	release, ok := l.TryAcquire()
+	if !ok {
+		if err := c.w.send(frameFull, 0, id); err != nil && !errors.Is(err, errConnClosed) {
+			return err
+		}
+		return nil
+	}
+	hr := &hostRequest{stream: hostStream{id: id}} // one allocation for the stream and the request
+	s := &hr.stream
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if flags&flagEnd == 0 {
+		s.body = newInbox(streamWindow, func(n int) { c.w.sendCredit(id, n) })
+	}
+	if !c.register(s) {
+		release()
+		s.cancel()
+		return fmt.Errorf("%w: request id %d is in use", ErrBadFrame, id)
+	}
+	if s.body != nil {
+		c.w.sendCredit(id, streamWindow) // taken: the body may come
+	}
+	buf := copyBuf(body)
+	c.handlers.Add(1)
+	go c.serve(hr, l, release, buf, flags&flagEnd != 0)
+	return nil
+}
+
+// sendError answers stream id with an error frame.
+func (c *hostSession) sendError(id uint32, err error) error {
+	var code [1]byte
+	code[0] = errorCode(err)
+	msg := appendStr16(nil, errorMessage(err))
+	if err := c.w.send(frameError, 0, id, code[:], msg); err != nil && !errors.Is(err, errConnClosed) && !errors.Is(err, ErrFrameTooLarge) {
+		return err
+	}
+	return nil
+}
+
+// hostRequest is everything one request on the host needs, in one
+// allocation.
+type hostRequest struct {
+	stream hostStream
+	req    http.Request
+	w      hostWriter
+	whole  wholeBody
+	body   hostBody
+}
+
+// serve runs one request on its actor. release frees the actor's slot;
+// buf is the request frame's body, which serve gives back.
+func (c *hostSession) serve(hr *hostRequest, l *Local, release func(), buf *[]byte, whole bool) {
+	defer c.handlers.Done()
+	defer putBuf(buf)
+	s := &hr.stream
+	defer c.endStream(s)
+	req, err := hr.parse(c, s, *buf, whole)
+	if err != nil {
+		release()
+		if errors.Is(err, ErrBadFrame) {
+			c.h.log.Warn().Err(err).Str("peer", c.remote).Msg("replica host: protocol error; connection closed")
+			c.w.fail(err)
+			return
+		}
+		_ = c.sendError(s.id, err)
+		return
+	}
+	w := &hr.w
+	*w = hostWriter{c: c, s: s}
+	err = l.Serve(w, req)
+	// The handler is done: its slot is free before its answer goes out,
+	// so that the proxy, which frees its own slot on the answer, never
+	// finds the actor fuller than it thinks.
+	release()
+	var pe *PanicError
+	if errors.As(err, &pe) {
+		c.h.log.Error().Str("replica", l.ID()).Str("panic", fmt.Sprint(pe.Value)).Bytes("stack", pe.Stack).
+			Str("path", req.URL.Path).Msg("replica host: handler panicked")
+	}
+	w.finish(err)
+	w.free()
+}
+
+// parse builds the request from a request frame's body.
+func (hr *hostRequest) parse(c *hostSession, s *hostStream, p []byte, whole bool) (*http.Request, error) {
+	r := newWireReader(p)
+	r.u16() // the actor, read already
+	const base = 2
+	mf := r.off + 1
+	r.str8()
+	mt := r.off
+	tf, tt := r.span16()
+	hf, ht := r.span16()
+	cl := r.u64()
+	hdrAt := r.off
+	for range int(r.u16()) {
+		r.span16()
+		r.span16()
+	}
+	end := r.off
+	if !r.ok || mt == mf {
+		return nil, fmt.Errorf("%w: a request frame that does not parse", ErrBadFrame)
+	}
+	block := string(p[base:end]) // every string of the request, in one allocation
+	hr2 := newWireReader(p)
+	hr2.off = hdrAt
+	header, ok := parseHeaders(&hr2, block, base)
+	if !ok {
+		return nil, fmt.Errorf("%w: a request frame whose headers do not parse", ErrBadFrame)
+	}
+	target := block[tf-base : tt-base]
+	u, err := url.ParseRequestURI(target)
+	if err != nil {
+		return nil, fmt.Errorf("replica host: request target %q: %w", target, err)
+	}
+	req := &hr.req
+	*req = http.Request{
+		Method:     block[mf-base : mt-base],
+		URL:        u,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     header,
+		Host:       block[hf-base : ht-base],
+		RequestURI: target,
+		RemoteAddr: c.remote,
+	}
+	switch {
+	case !whole:
+		req.ContentLength = -1
+		if cl != unknownLength {
+			req.ContentLength = int64(cl)
+		}
+		hr.body = hostBody{in: s.body, ctx: s.ctx}
+		req.Body = &hr.body
+	case len(p) > end:
+		hr.whole = wholeBody{b: p[end:]}
+		req.ContentLength = int64(len(p) - end)
+		req.Body = &hr.whole
+	default:
+		req.Body = http.NoBody
+	}
+	return req.WithContext(s.ctx), nil
+}
+
+// wholeBody is a request body that came whole in its frame.
+type wholeBody struct{ b []byte }
+
+func (b *wholeBody) Read(p []byte) (int, error) {
+	if len(b.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, b.b)
+	b.b = b.b[n:]
+	return n, nil
+}
+
+func (b *wholeBody) Close() error { return nil }
+
+// hostBody is a streamed request body, read from its stream's inbox.
+type hostBody struct {
+	in  *inbox
+	ctx context.Context
+	cur []byte
+	end bool
+}
+
+func (b *hostBody) Read(p []byte) (int, error) {
+	for len(b.cur) == 0 {
+		if b.end {
+			return 0, io.EOF
+		}
+		data, end, err := b.in.take(b.ctx)
+		if err != nil {
+			return 0, err
+		}
+		b.cur, b.end = data, end
+	}
+	n := copy(p, b.cur)
+	b.cur = b.cur[n:]
+	return n, nil
+}
+
+func (b *hostBody) Close() error { return nil }
+
+// hostWriter is a handler's http.ResponseWriter on the host. It keeps the
+// body until the handler returns, so that a response whose body fits goes
+// in one frame; a handler that flushes, or writes more than a data chunk,
+// streams in data frames, paced by the proxy's credit.
+type hostWriter struct {
+	c *hostSession
+	s *hostStream
+
+	header      http.Header
+	status      int
+	wroteHeader bool
+	begun       bool    // the response frame is sent
+	flushed     bool    // the handler flushed: the proxy flushes each chunk
+	ended       bool    // the last frame is sent
+	buf         *[]byte // body not yet sent; pooled
+	err         error   // sending failed: the handler's writes fail
+}
+
+var _ http.Flusher = (*hostWriter)(nil)
+
+// Header implements http.ResponseWriter.
+func (w *hostWriter) Header() http.Header {
+	if w.header == nil {
+		w.header = make(http.Header)
+	}
+	return w.header
+}
+
+// WriteHeader implements http.ResponseWriter. Informational (1xx)
+// statuses are not passed on.
+func (w *hostWriter) WriteHeader(code int) {
+	if code < 100 || code > 999 {
+		panic(fmt.Sprintf("invalid WriteHeader code %v", code)) // as net/http does
+	}
+	if w.wroteHeader || code < 200 {
+		return
+	}
+	w.status, w.wroteHeader = code, true
+}
+
+// Write implements http.ResponseWriter.
+func (w *hostWriter) Write(p []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.err != nil {
+		return 0, w.err
+	}
+	if w.status == http.StatusNoContent || w.status == http.StatusNotModified {
+		return 0, http.ErrBodyNotAllowed
+	}
+	if w.buf == nil {
+		w.buf = getBuf(0)
+	}
+	*w.buf = append(*w.buf, p...)
+	if len(*w.buf) >= dataChunk {
+		if err := w.push(false); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+// Flush implements http.Flusher: what is written so far goes to the
+// proxy, and from now on the proxy flushes every chunk to its client.
+func (w *hostWriter) Flush() {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.err == nil {
+		w.flushed = true
+		_ = w.push(false)
+	}
+}
+
+// push sends the response frame, if it is not sent, and the body kept so
+// far; end sends the last frame too.
+func (w *hostWriter) push(end bool) error {
+	var body []byte
+	if w.buf != nil {
+		body = *w.buf
+	}
+	fw := w.c.w
+	if !w.begun {
+		b, err := fw.lock()
+		if err != nil {
+			w.err = err
+			return err
+		}
+		var flags byte
+		if w.flushed {
+			flags |= flagStream
+		}
+		b, at := startFrame(b, frameResponse, flags, w.s.id)
+		b = binary.BigEndian.AppendUint16(b, uint16(w.status))
+		if b, err = appendHeaders(b, w.header, nil); err == nil {
+			if end && len(b)-at-frameHeaderLen+len(body) <= fw.peerMax {
+				b = append(b, body...)
+				b[at+5] |= flagEnd
+				body, w.ended = nil, true
+			}
+			b, err = fw.finishFrame(b, at)
+		} else {
+			b = b[:at]
+		}
+		fw.unlock(b)
+		if err != nil {
+			w.err = err
+			return err
+		}
+		w.begun = true
+	}
+	if !w.ended && (len(body) > 0 || end) {
+		w.c.mu.Lock()
+		if w.s.win == nil {
+			w.s.win = newWindow(streamWindow)
+		}
+		win := w.s.win
+		w.c.mu.Unlock()
+		for len(body) > 0 || end && !w.ended {
+			n := min(len(body), dataChunk)
+			if n > 0 {
+				got, err := win.acquire(w.s.ctx, n)
+				if err != nil {
+					w.err = err
+					return err
+				}
+				n = got
+			}
+			var flags byte
+			if end && n == len(body) {
+				flags = flagEnd
+			}
+			if err := fw.send(frameData, flags, w.s.id, body[:n]); err != nil {
+				w.err = err
+				return err
+			}
+			body = body[n:]
+			w.ended = flags == flagEnd
+		}
+	}
+	if w.buf != nil {
+		*w.buf = (*w.buf)[:0]
+	}
+	return nil
+}
+
+// finish sends the end of the response once the handler has returned
+// with err: the rest of the body, or the error.
+func (w *hostWriter) finish(err error) {
+	if w.ended {
+		return
+	}
+	if err == nil && w.err == nil {
+		if !w.wroteHeader {
+			w.WriteHeader(http.StatusOK)
+		}
+		if w.push(true) == nil {
+			return
+		}
+	}
+	if err == nil {
+		err = w.err
+	}
+	if w.s.ctx.Err() != nil {
+		return // the proxy gave up on the request, or left
+	}
+	_ = w.c.sendError(w.s.id, err)
+}
+
+// free gives back the body buffer.
+func (w *hostWriter) free() {
+	if w.buf != nil {
+		putBuf(w.buf)
+		w.buf = nil
+	}
+}
+
+// onControl takes a control frame: the call runs on its actors in a
+// goroutine of its own.
+func (c *hostSession) onControl(id uint32, flags byte, body []byte) error {
+	timeout, method, ref, idx, payload, ok := parseControl(body)
+	if !ok || id == 0 {
+		return fmt.Errorf("%w: a control frame that does not parse", ErrBadFrame)
+	}
+	unknownRef := false
+	switch {
+	case ref == 0:
+		payload = bytes.Clone(payload) // out of the read buffer
+	case flags&flagPayload != 0:
+		old := c.refs[ref]
+		if len(c.refs) >= maxHostRefs && old == nil || c.refBytes-len(old)+len(payload) > maxHostRefBytes {
+			return fmt.Errorf("%w: over %d payload refs or %d bytes kept; the proxy frees none", ErrBadFrame, maxHostRefs, maxHostRefBytes)
+		}
+		payload = bytes.Clone(payload)
+		c.refs[ref] = payload
+		c.refBytes += len(payload) - len(old)
+	default:
+		if len(payload) > 0 {
+			return fmt.Errorf("%w: a control frame with a ref and bytes but no payload flag", ErrBadFrame)
+		}
+		var ok bool
+		payload, ok = c.refs[ref]
+		unknownRef = !ok
+	}
+	s := &hostStream{id: id}
+	if timeout > 0 {
+		s.ctx, s.cancel = context.WithTimeout(context.Background(), timeout)
+	} else {
+		s.ctx, s.cancel = context.WithCancel(context.Background())
+	}
+	if !c.register(s) {
+		s.cancel()
+		return fmt.Errorf("%w: call id %d is in use", ErrBadFrame, id)
+	}
+	c.handlers.Add(1)
+	go c.control(s, method, payload, idx, unknownRef)
+	return nil
+}
+
+// parseControl reads a control frame's body; payload is in body.
+func parseControl(body []byte) (timeout time.Duration, method string, ref uint64, idx []uint16, payload []byte, ok bool) {
+	r := newWireReader(body)
+	timeout = time.Duration(r.u32()) * time.Millisecond
+	method = string(r.str8())
+	ref = r.u64()
+	n := int(r.u16())
+	if !r.ok || len(body)-r.off < 2*n {
+		return 0, "", 0, nil, nil, false
+	}
+	idx = make([]uint16, n)
+	for i := range idx {
+		idx[i] = r.u16()
+	}
+	payload = r.rest()
+	return timeout, method, ref, idx, payload, r.ok
+}
+
+// control runs one control call on its actors and sends the result frame.
+func (c *hostSession) control(s *hostStream, method string, payload []byte, idx []uint16, unknownRef bool) {
+	defer c.handlers.Done()
+	defer c.endStream(s)
+	h := c.h
+	results := make([]Result, len(idx))
+	switch {
+	case unknownRef:
+		for i := range results {
+			results[i].Err = fmt.Errorf("%w: the host has none under that id", ErrUnknownRef)
+		}
+	case method == MethodSetGC:
+		err := h.setGC(payload) // once: it tunes the process, not an actor
+		for i := range results {
+			results[i].Err = err
+		}
+	default:
+		ids := make([]string, 0, len(idx))
+		at := make([]int, 0, len(idx))
+		for i, x := range idx {
+			if int(x) >= len(h.actors) {
+				results[i].Err = fmt.Errorf("%w: the host has no actor %d", ErrUnknownActor, x)
+				continue
+			}
+			ids = append(ids, h.ids[x])
+			at = append(at, i)
+		}
+		if len(ids) > 0 {
+			for k, r := range h.pool.Broadcast(s.ctx, Call{Method: method, Payload: payload}, ids...) {
+				results[at[k]] = r
+			}
+		}
+	}
+	fw := c.w
+	b, err := fw.lock()
+	if err != nil {
+		return
+	}
+	b, at := startFrame(b, frameResult, 0, s.id)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(results)))
+	for _, r := range results {
+		code := errorCode(r.Err)
+		b = append(b, code)
+		if code == codeOK {
+			b = appendBytes32(b, r.Value)
+		} else {
+			b = appendBytes32(b, []byte(errorMessage(r.Err)))
+		}
+	}
+	b, err = fw.finishFrame(b, at)
+	fw.unlock(b)
+	if err != nil {
+		_ = c.sendError(s.id, fmt.Errorf("replica host: the answers to %s: %w", method, err))
+	}
+}

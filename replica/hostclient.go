@@ -1,0 +1,1405 @@
+package replica
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// HostOptions configure a HostConn.
+type HostOptions struct {
+	// Conns is how many TCP connections to open to the host, 1 to 64;
+	// requests are spread over them. If 0, 1: one connection carries
+	// many requests at once, and fewer connections coalesce better.
+	Conns int
+	// OnRelease is called each time a slot of one of the host's replicas
+	// is freed (the router uses it to wake a waiting request). If nil,
+	// nothing is notified.
+	OnRelease func()
+	// Dial opens a connection. If nil, a net.Dialer's DialContext, with a
+	// 5-second timeout for the dial and the handshake together.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// MaxFrameSize is the largest frame body taken from the host, at least
+	// MinMaxFrameSize. If 0, DefaultMaxFrameSize.
+	MaxFrameSize int
+	// ResponseHeaderTimeout, if not 0, is how long a request waits for the
+	// host to begin its answer before it fails with a *TimeoutError (504).
+	ResponseHeaderTimeout time.Duration
+	// TrustedProxies and Via are as in UpstreamOptions: the peers whose
+	// X-Forwarded-* headers are kept, and this proxy's Via pseudonym.
+	TrustedProxies []netip.Prefix
+	Via            string
+	// Log receives connection losses and reconnections. The zero Logger
+	// logs nothing.
+	Log zerolog.Logger
+}
+
+// Reconnection backoff, and the dial and handshake's default timeout.
+const (
+	reconnectMin    = 100 * time.Millisecond
+	reconnectMax    = 2 * time.Second
+	hostDialTimeout = 5 * time.Second
+)
+
+// HostConn is the proxy's connection to one replica host: a few TCP
+// connections over which the requests of all the host's actors travel, and
+// one Replica per actor. It is the host's HostBatcher: a Broadcast gives
+// it one call for all of its actors, which it sends as one frame. When a
+// connection is lost it is dialled again in the background, with backoff,
+// until Close.
+type HostConn struct {
+	addr     string
+	o        HostOptions
+	maxFrame int
+	via      string // "1.1 <Via>", or ""
+
+	replicas []*hostReplica // in the order of the first hello
+	byID     map[string]*hostReplica
+	links    []atomic.Pointer[hostLink] // nil or dead while down
+	rr       atomic.Uint32              // round robin over links
+
+	ctx       context.Context // ends at Close
+	cancel    context.CancelFunc
+	maintain  sync.WaitGroup // the reconnecting goroutines
+	wg        sync.WaitGroup // the connections' readers and writers
+	closeOnce sync.Once
+	stopped   atomic.Int32 // replicas stopped; the last one closes the HostConn
+
+	// mu guards lastErr.
+	mu      sync.Mutex
+	lastErr error
+}
+
+var (
+	_ HostBatcher = (*HostConn)(nil)
+	_ refFreer    = (*HostConn)(nil)
+)
+
+// hostHello is what a host's hello says.
+type hostHello struct {
+	maxFrame int
+	ids      []string
+	limits   []int
+}
+
+// ConnectHost connects to the replica host at addr (host:port) and returns
+// once every connection has said hello, with one replica per actor the
+// host announced, in StateStarting. It fails if the host cannot be reached
+// within ctx (and the dial timeout) or does not speak the protocol.
+func ConnectHost(ctx context.Context, addr string, o HostOptions) (*HostConn, error) {
+	switch {
+	case o.Conns < 0 || o.Conns > 64:
+		return nil, fmt.Errorf("replica host %s: conns must be 1 to 64, got %d", addr, o.Conns)
+	case o.MaxFrameSize != 0 && o.MaxFrameSize < MinMaxFrameSize:
+		return nil, fmt.Errorf("replica host %s: max frame size must be at least %d, got %d", addr, MinMaxFrameSize, o.MaxFrameSize)
+	}
+	for _, p := range o.TrustedProxies {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("replica host %s: an invalid trusted proxy prefix", addr)
+		}
+	}
+	c := &HostConn{addr: addr, o: o, maxFrame: o.MaxFrameSize}
+	if c.maxFrame == 0 {
+		c.maxFrame = DefaultMaxFrameSize
+	}
+	if o.Via != "" {
+		c.via = "1.1 " + o.Via
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.links = make([]atomic.Pointer[hostLink], max(o.Conns, 1))
+	for i := range c.links {
+		cc, hl, err := c.dial(ctx)
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		if i == 0 {
+			c.byID = make(map[string]*hostReplica, len(hl.ids))
+			for k, id := range hl.ids {
+				r := &hostReplica{hc: c, k: k, hostID: id, id: addr + "/" + id, onRelease: o.OnRelease}
+				r.release = r.releaseSlot
+				c.replicas = append(c.replicas, r)
+				c.byID[r.id] = r
+			}
+		}
+		c.bind(cc, hl)
+		c.links[i].Store(cc)
+		c.start(cc)
+	}
+	for i := range c.links {
+		c.maintain.Add(1)
+		go c.reconnect(i)
+	}
+	return c, nil
+}
+
+// Addr returns the host's address.
+func (c *HostConn) Addr() string { return c.addr }
+
+// Host implements HostBatcher: the host's address, as its replicas' Host.
+func (c *HostConn) Host() string { return c.addr }
+
+// Replicas returns one replica per actor of the host, in the order of its
+// hello.
+func (c *HostConn) Replicas() []Replica {
+	rs := make([]Replica, len(c.replicas))
+	for i, r := range c.replicas {
+		rs[i] = r
+	}
+	return rs
+}
+
+// Connected reports whether a connection to the host is up.
+func (c *HostConn) Connected() bool {
+	for i := range c.links {
+		if cc := c.links[i].Load(); cc != nil && !cc.dead.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// LastError returns why the last connection to the host ended or could not
+// be made, or nil.
+func (c *HostConn) LastError() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lastErr
+}
+
+func (c *HostConn) setErr(err error) {
+	c.mu.Lock()
+	c.lastErr = err
+	c.mu.Unlock()
+}
+
+// Close closes the connections and stops reconnecting: requests in flight
+// fail with a *UnreachableError, and so do later ones. It waits for the
+// connections' goroutines.
+func (c *HostConn) Close() {
+	c.closeOnce.Do(func() {
+		c.cancel()
+		c.maintain.Wait()
+		for i := range c.links {
+			if cc := c.links[i].Load(); cc != nil {
+				cc.w.fail(errConnClosed)
+			}
+		}
+		c.wg.Wait()
+	})
+}
+
+// dial opens one connection and says hello.
+func (c *HostConn) dial(ctx context.Context) (*hostLink, *hostHello, error) {
+	ctx, cancel := context.WithTimeout(ctx, hostDialTimeout)
+	defer cancel()
+	dial := c.o.Dial
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	nc, err := dial(ctx, "tcp", c.addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("replica host %s: %w", c.addr, err)
+	}
+	// The handshake ends with ctx: a host that accepts and says nothing
+	// cannot hold it.
+	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
+	hl, fr, err := c.handshake(nc)
+	if !stop() || err != nil {
+		_ = nc.Close()
+		if err == nil || ctx.Err() != nil {
+			err = fmt.Errorf("replica host %s: handshake: %w", c.addr, context.Cause(ctx))
+		}
+		return nil, nil, err
+	}
+	cc := &hostLink{
+		hc:      c,
+		nc:      nc,
+		fr:      fr,
+		w:       newFrameWriter(nc, hl.maxFrame),
+		streams: make(map[uint32]*linkStream),
+		refs:    make(map[Ref]uint64),
+		done:    make(chan struct{}),
+	}
+	return cc, hl, nil
+}
+
+// handshake sends the proxy's hello and reads the host's.
+func (c *HostConn) handshake(nc net.Conn) (*hostHello, *frameReader, error) {
+	b, at := startFrame(nil, frameHello, 0, 0)
+	b = append(b, hostMagic...)
+	b = binary.BigEndian.AppendUint16(b, hostProtocolVersion)
+	b = binary.BigEndian.AppendUint32(b, uint32(c.maxFrame))
+	binary.BigEndian.PutUint32(b[at:], uint32(len(b)-at-frameHeaderLen))
+	if _, err := nc.Write(b); err != nil {
+		return nil, nil, fmt.Errorf("replica host %s: sending hello: %w", c.addr, err)
+	}
+	fr := newFrameReader(nc, c.maxFrame)
+	typ, _, _, body, err := fr.next()
+	if err != nil {
+		return nil, nil, fmt.Errorf("replica host %s: reading its hello: %w", c.addr, err)
+	}
+	r := newWireReader(body)
+	magic := r.take(len(hostMagic))
+	version := r.u16()
+	hl := &hostHello{maxFrame: int(r.u32())}
+	n := int(r.u16())
+	seen := make(map[string]bool, n)
+	for range n {
+		id := string(r.str8())
+		limit := int(r.u32())
+		if id == "" || seen[id] || limit < 1 {
+			r.ok = false
+		}
+		seen[id] = true
+		hl.ids = append(hl.ids, id)
+		hl.limits = append(hl.limits, limit)
+	}
+	switch {
+	case typ != frameHello || string(magic) != hostMagic:
+		return nil, nil, fmt.Errorf("replica host %s: %w: the answer is not a serveproxy host's hello (is it a replica host?)", c.addr, ErrBadFrame)
+	case version != hostProtocolVersion:
+		return nil, nil, fmt.Errorf("replica host %s speaks protocol version %d, this proxy %d", c.addr, version, hostProtocolVersion)
+	case !r.ok || r.off != len(body) || n == 0:
+		return nil, nil, fmt.Errorf("replica host %s: %w: a hello that does not parse, or with no actors", c.addr, ErrBadFrame)
+	case hl.maxFrame < MinMaxFrameSize:
+		return nil, nil, fmt.Errorf("replica host %s: %w: its max frame size %d is below %d", c.addr, ErrBadFrame, hl.maxFrame, MinMaxFrameSize)
+	}
+	_ = nc.SetDeadline(time.Time{})
+	return hl, fr, nil
+}
+
+// bind maps each replica to its actor's index in cc's hello, by id, and
+// takes the limits the hello gives. An actor the host no longer has is
+// unreachable on cc; one it has newly is not served (it has no replica).
+func (c *HostConn) bind(cc *hostLink, hl *hostHello) {
+	index := make(map[string]int, len(hl.ids))
+	for i, id := range hl.ids {
+		index[id] = i
+	}
+	cc.actors = make([]int32, len(c.replicas))
+	for k, r := range c.replicas {
+		i, ok := index[r.hostID]
+		if !ok {
+			cc.actors[k] = -1
+			c.o.Log.Warn().Str("host", c.addr).Str("actor", r.hostID).Msg("replica host no longer has the actor: its replica is unreachable")
+			continue
+		}
+		cc.actors[k] = int32(i)
+		r.max.Store(int64(hl.limits[i]))
+	}
+	if len(hl.ids) > len(c.replicas) {
+		c.o.Log.Warn().Str("host", c.addr).Int("actors", len(hl.ids)).Int("replicas", len(c.replicas)).
+			Msg("replica host has more actors than when first connected; the new ones get no requests until it is connected anew")
+	}
+}
+
+// start runs cc's reader and writer.
+func (c *HostConn) start(cc *hostLink) {
+	c.wg.Add(2)
+	go func() {
+		defer c.wg.Done()
+		cc.w.run()
+	}()
+	go func() {
+		defer c.wg.Done()
+		err := cc.readLoop()
+		cc.shut(err)
+	}()
+}
+
+// reconnect keeps link i up: when its connection ends, it dials again with
+// backoff until it succeeds or Close is called.
+func (c *HostConn) reconnect(i int) {
+	defer c.maintain.Done()
+	for {
+		cc := c.links[i].Load()
+		select {
+		case <-cc.done:
+		case <-c.ctx.Done():
+			return
+		}
+		err := cc.cause()
+		c.o.Log.Warn().Str("host", c.addr).Err(err).Msg("replica host connection lost; reconnecting")
+		backoff := reconnectMin
+		for {
+			t := time.NewTimer(backoff)
+			select {
+			case <-c.ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			backoff = min(2*backoff, reconnectMax)
+			ncc, hl, err := c.dial(c.ctx)
+			if err != nil {
+				c.setErr(err)
+				c.o.Log.Debug().Str("host", c.addr).Err(err).Dur("retry_in", backoff).Msg("replica host still unreachable")
+				continue
+			}
+			c.bind(ncc, hl)
+			c.links[i].Store(ncc)
+			c.start(ncc)
+			c.o.Log.Info().Str("host", c.addr).Msg("replica host reconnected")
+			break
+		}
+	}
+}
+
+// pick returns a live connection on which the host has replica k's actor,
+// and the actor's index there.
+func (c *HostConn) pick(k int) (*hostLink, uint16, error) {
+	n := len(c.links)
+	i := 0
+	if n > 1 {
+		i = int(c.rr.Add(1))
+	}
+	gone := false
+	for j := range n {
+		cc := c.links[(i+j)%n].Load()
+		if cc == nil || cc.dead.Load() {
+			continue
+		}
+		if x := cc.actors[k]; x >= 0 {
+			return cc, uint16(x), nil
+		}
+		gone = true
+	}
+	if gone {
+		return nil, 0, fmt.Errorf("the host %s no longer has actor %s", c.addr, c.replicas[k].hostID)
+	}
+	if err := c.LastError(); err != nil {
+		return nil, 0, fmt.Errorf("no connection to the host %s: %w", c.addr, err)
+	}
+	return nil, 0, fmt.Errorf("no connection to the host %s", c.addr)
+}
+
+// BatchCall implements HostBatcher: one control frame for all the named
+// replicas, answered by the host in one frame. MethodDrain is answered
+// here, as for an Upstream: it drains this proxy's requests to the actors,
+// not the actors themselves, which other proxies may use.
+func (c *HostConn) BatchCall(ctx context.Context, method string, payload []byte, ref Ref, ids []string) []Result {
+	out := make([]Result, len(ids))
+	reps := make([]*hostReplica, 0, len(ids))
+	at := make([]int, 0, len(ids))
+	for i, id := range ids {
+		out[i].Actor = id
+		r := c.byID[id]
+		if r == nil {
+			out[i].Err = fmt.Errorf("%w: %q is not an actor of the host %s", ErrUnknownActor, id, c.addr)
+			continue
+		}
+		reps = append(reps, r)
+		at = append(at, i)
+	}
+	for k, r := range c.call(ctx, method, payload, ref, reps) {
+		out[at[k]] = r
+	}
+	return out
+}
+
+// call runs one control call on reps, all of them c's.
+func (c *HostConn) call(ctx context.Context, method string, payload []byte, ref Ref, reps []*hostReplica) []Result {
+	out := make([]Result, len(reps))
+	for k, r := range reps {
+		out[k].Actor = r.id
+	}
+	if method == MethodDrain {
+		for _, r := range reps {
+			if r.State() != StateStopped {
+				r.SetState(StateDraining)
+			}
+		}
+		for k, r := range reps {
+			out[k].Err = drain(ctx, r)
+		}
+		return out
+	}
+	cc, _, err := c.pick(reps[0].k)
+	if cc == nil {
+		// Any live connection will do for the others.
+		for i := range c.links {
+			if l := c.links[i].Load(); l != nil && !l.dead.Load() {
+				cc = l
+				break
+			}
+		}
+	}
+	if cc == nil {
+		for k, r := range reps {
+			out[k].Err = &UnreachableError{Replica: r.id, Err: err}
+		}
+		return out
+	}
+	idxs := make([]uint16, 0, len(reps))
+	pos := make([]int, 0, len(reps))
+	for k, r := range reps {
+		x := cc.actors[r.k]
+		if x < 0 {
+			out[k].Err = &UnreachableError{Replica: r.id, Err: fmt.Errorf("the host %s no longer has actor %s", c.addr, r.hostID)}
+			continue
+		}
+		idxs = append(idxs, uint16(x))
+		pos = append(pos, k)
+	}
+	if len(idxs) == 0 {
+		return out
+	}
+	answers, sent, err := cc.control(ctx, method, payload, ref, idxs)
+	for j, k := range pos {
+		r := reps[k]
+		switch {
+		case err == nil:
+			out[k].Value, out[k].Err = answers[j].Value, answers[j].Err
+		case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+			out[k].Err = err
+		case errors.Is(err, ErrFrameTooLarge) || errors.Is(err, errTooLong):
+			out[k].Err = fmt.Errorf("replica %s: %w", r.id, err)
+		default:
+			out[k].Err = &UnreachableError{Replica: r.id, Sent: sent, Err: err}
+		}
+		if method == MethodStats && out[k].Err == nil {
+			out[k].Value, out[k].Err = r.patchStats(out[k].Value)
+		}
+	}
+	return out
+}
+
+// freeRef drops r's bytes at the host, on every connection that sent
+// them.
+func (c *HostConn) freeRef(r Ref) {
+	for i := range c.links {
+		if cc := c.links[i].Load(); cc != nil {
+			cc.freeRef(r)
+		}
+	}
+}
+
+// hostLink is one TCP connection to a host.
+type hostLink struct {
+	hc     *HostConn
+	nc     net.Conn
+	fr     *frameReader
+	w      *frameWriter
+	actors []int32     // replica k's actor is actors[k] in this connection's hello; -1 if absent
+	dead   atomic.Bool // set when the connection ends
+
+	// mu guards the fields below.
+	mu      sync.Mutex
+	streams map[uint32]*linkStream // requests and calls in flight
+	nextID  uint32
+	err     error // why the connection ended
+
+	done chan struct{} // closed when the connection has ended
+
+	// refs are the Refs whose bytes this connection has carried, with
+	// their ids here. They are guarded by w.mu, so that the frame that
+	// carries a Ref's bytes is queued before any frame that names it.
+	refs    map[Ref]uint64
+	nextRef uint64
+}
+
+// linkStream is one request or control call in flight.
+type linkStream struct {
+	id   uint32
+	gen  uint64        // the write its request frame went out in
+	wake chan struct{} // head, err or bodyErr was set; capacity 1
+	win  *window       // credit for a streamed request body; nil when it goes whole
+
+	// mu guards the fields below.
+	mu        sync.Mutex
+	head      *[]byte   // the answer frame's body: response, full, error or result
+	headType  frameType // 0 until it comes
+	headFlags byte
+	in        *inbox // a streamed response's data; set with head
+	err       error  // the connection ended
+	bodyErr   error  // reading the client's body failed
+}
+
+func (s *linkStream) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// cause returns why the connection ended.
+func (cc *hostLink) cause() error {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.err
+}
+
+// register gives s an id and adds it, unless the connection has ended.
+func (cc *hostLink) register(s *linkStream) bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.err != nil {
+		return false
+	}
+	for {
+		cc.nextID++
+		if cc.nextID != 0 && cc.streams[cc.nextID] == nil {
+			break // 0 is the connection's; a wrapped id may be in use still
+		}
+	}
+	s.id = cc.nextID
+	cc.streams[s.id] = s
+	return true
+}
+
+// unregister removes s: frames that come for it later are dropped.
+func (cc *hostLink) unregister(s *linkStream) {
+	cc.mu.Lock()
+	delete(cc.streams, s.id)
+	cc.mu.Unlock()
+	if s.win != nil {
+		s.win.close(context.Canceled)
+	}
+	s.mu.Lock()
+	if s.head != nil {
+		putBuf(s.head)
+		s.head = nil
+	}
+	s.mu.Unlock()
+}
+
+func (cc *hostLink) stream(id uint32) *linkStream {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.streams[id]
+}
+
+// shut ends the connection with err and fails everything in flight on it.
+func (cc *hostLink) shut(err error) {
+	if err == nil || errors.Is(err, io.EOF) {
+		err = errors.New("the host closed the connection")
+	}
+	if errors.Is(err, net.ErrClosed) {
+		err = errConnClosed
+	}
+	cc.dead.Store(true)
+	cc.w.fail(err)
+	cc.hc.setErr(err)
+	cc.mu.Lock()
+	cc.err = err
+	streams := cc.streams
+	cc.streams = nil
+	cc.mu.Unlock()
+	for _, s := range streams {
+		s.mu.Lock()
+		s.err = err
+		in := s.in
+		s.mu.Unlock()
+		s.signal()
+		if in != nil {
+			in.fail(err)
+		}
+		if s.win != nil {
+			s.win.close(err)
+		}
+	}
+	if errors.Is(err, ErrFrameTooLarge) || errors.Is(err, ErrBadFrame) {
+		cc.hc.o.Log.Warn().Str("host", cc.hc.addr).Err(err).Msg("replica host protocol error; connection closed")
+	}
+	close(cc.done)
+}
+
+// readLoop reads the host's frames until the connection ends.
+func (cc *hostLink) readLoop() error {
+	for {
+		typ, flags, id, body, err := cc.fr.next()
+		if err != nil {
+			return err
+		}
+		switch typ {
+		case frameResponse, frameFull, frameError, frameResult:
+			s := cc.stream(id)
+			if s == nil {
+				continue // given up on
+			}
+			if err := cc.setHead(s, typ, flags, body); err != nil {
+				return err
+			}
+		case frameData:
+			s := cc.stream(id)
+			if s == nil {
+				continue
+			}
+			s.mu.Lock()
+			in := s.in
+			s.mu.Unlock()
+			if in == nil {
+				return fmt.Errorf("%w: data for stream %d, which has no streamed response", ErrBadFrame, id)
+			}
+			if err := in.put(body, flags&flagEnd != 0); err != nil {
+				return err
+			}
+		case frameCredit:
+			if len(body) != 4 {
+				return fmt.Errorf("%w: a credit frame of %d bytes", ErrBadFrame, len(body))
+			}
+			if s := cc.stream(id); s != nil && s.win != nil {
+				if err := s.win.add(int(binary.BigEndian.Uint32(body))); err != nil {
+					return err
+				}
+			}
+		default:
+			return fmt.Errorf("%w: a frame of type %d from a host", ErrBadFrame, typ)
+		}
+	}
+}
+
+// setHead takes the first answer frame of s (a copy of its body). An error
+// frame after a streamed response breaks the response off.
+func (cc *hostLink) setHead(s *linkStream, typ frameType, flags byte, body []byte) error {
+	s.mu.Lock()
+	if s.headType != 0 {
+		in := s.in
+		s.mu.Unlock()
+		if typ != frameError || in == nil {
+			return fmt.Errorf("%w: a second answer for stream %d", ErrBadFrame, s.id)
+		}
+		in.fail(decodeErrorFrame(body))
+		return nil
+	}
+	s.head, s.headType, s.headFlags = copyBuf(body), typ, flags
+	if typ == frameResponse && flags&flagEnd == 0 {
+		id := s.id
+		s.in = newInbox(streamWindow, func(n int) { cc.w.sendCredit(id, n) })
+		if s.bodyErr != nil {
+			s.in.fail(s.bodyErr)
+		}
+	}
+	s.mu.Unlock()
+	s.signal()
+	return nil
+}
+
+// decodeErrorFrame returns the error an error frame's body carries.
+func decodeErrorFrame(body []byte) error {
+	r := newWireReader(body)
+	code := r.u8()
+	msg := string(r.str16())
+	if !r.ok {
+		return fmt.Errorf("%w: an error frame that does not parse", ErrBadFrame)
+	}
+	return decodeError(code, msg)
+}
+
+// cancel tells the host that s is given up on.
+func (cc *hostLink) cancel(s *linkStream) {
+	_ = cc.w.send(frameCancel, 0, s.id)
+}
+
+// waitHead waits for s's answer frame, the connection's end, a body error,
+// ctx's end or timeout, whichever is first.
+func (s *linkStream) waitHead(ctx context.Context, timeout <-chan time.Time) (typ frameType, err error) {
+	for {
+		s.mu.Lock()
+		typ, err, bodyErr := s.headType, s.err, s.bodyErr
+		s.mu.Unlock()
+		switch {
+		case typ != 0:
+			return typ, nil
+		case bodyErr != nil:
+			return 0, bodyErr
+		case err != nil:
+			return 0, err
+		}
+		select {
+		case <-s.wake:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-timeout:
+			return 0, errHeadTimeout
+		}
+	}
+}
+
+var errHeadTimeout = errors.New("the host did not begin its answer within ResponseHeaderTimeout")
+
+// control sends one control call for the actors idxs and waits for its
+// answers. sent reports, on error, whether the call may have reached the
+// host.
+func (cc *hostLink) control(ctx context.Context, method string, payload []byte, ref Ref, idxs []uint16) (_ []Result, sent bool, _ error) {
+	if len(method) > 0xff {
+		return nil, false, errTooLong
+	}
+	s := &linkStream{wake: make(chan struct{}, 1)}
+	if !cc.register(s) {
+		return nil, false, cc.cause()
+	}
+	defer cc.unregister(s)
+	var timeoutMS uint32
+	if dl, ok := ctx.Deadline(); ok {
+		timeoutMS = uint32(max(min((time.Until(dl)+time.Millisecond-1)/time.Millisecond, 1<<31), 1))
+	}
+
+	b, err := cc.w.lock()
+	if err != nil {
+		return nil, false, err
+	}
+	var refID uint64
+	var flags byte
+	carry := true
+	if ref != (Ref{}) {
+		id, ok := cc.refs[ref]
+		if ok {
+			refID, carry = id, false
+		} else {
+			cc.nextRef++
+			refID = cc.nextRef
+			flags = flagPayload
+		}
+	}
+	b, at := startFrame(b, frameControl, flags, s.id)
+	b = binary.BigEndian.AppendUint32(b, timeoutMS)
+	b = appendStr8(b, method)
+	b = binary.BigEndian.AppendUint64(b, refID)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(idxs)))
+	for _, x := range idxs {
+		b = binary.BigEndian.AppendUint16(b, x)
+	}
+	if carry {
+		b = append(b, payload...)
+	}
+	b, err = cc.w.finishFrame(b, at)
+	if err == nil && flags == flagPayload {
+		cc.refs[ref] = refID
+	}
+	s.gen = cc.w.unlock(b)
+	if err != nil {
+		return nil, false, err
+	}
+
+	typ, err := s.waitHead(ctx, nil)
+	if err != nil {
+		if ctx.Err() != nil {
+			cc.cancel(s)
+		}
+		return nil, cc.w.sent(s.gen), err
+	}
+	s.mu.Lock()
+	head := *s.head
+	s.mu.Unlock()
+	switch typ {
+	case frameResult:
+	case frameError:
+		return nil, true, decodeErrorFrame(head)
+	default:
+		return nil, true, fmt.Errorf("%w: a frame of type %d answering a control call", ErrBadFrame, typ)
+	}
+	r := newWireReader(head)
+	n := int(r.u16())
+	if n != len(idxs) {
+		return nil, true, fmt.Errorf("%w: %d answers to a call for %d actors", ErrBadFrame, n, len(idxs))
+	}
+	out := make([]Result, n)
+	for i := range out {
+		code := r.u8()
+		v := r.bytes32()
+		if code == codeOK {
+			out[i].Value = bytes.Clone(v)
+		} else {
+			out[i].Err = decodeError(code, string(v))
+		}
+	}
+	if !r.ok {
+		return nil, true, fmt.Errorf("%w: a result frame that does not parse", ErrBadFrame)
+	}
+	return out, true, nil
+}
+
+// freeRef sends a free frame for r if this connection carried it.
+func (cc *hostLink) freeRef(r Ref) {
+	b, err := cc.w.lock()
+	if err != nil {
+		return
+	}
+	if id, ok := cc.refs[r]; ok {
+		delete(cc.refs, r)
+		var at int
+		b, at = startFrame(b, frameFree, 0, 0)
+		b = binary.BigEndian.AppendUint64(b, id)
+		b, _ = cc.w.finishFrame(b, at)
+	}
+	cc.w.unlock(b)
+}
+
+// hostReplica is one actor of a replica host, as the proxy routes to it:
+// the proxy holds its slots (exactly like an Upstream, against the limit
+// the host announced) and sends its requests over its HostConn.
+type hostReplica struct {
+	hc        *HostConn
+	k         int    // its index in hc.replicas
+	hostID    string // the actor's id at the host
+	id        string // "<host address>/<hostID>"
+	onRelease func()
+	release   func() // built once so that TryAcquire allocates nothing
+
+	max     atomic.Int64
+	state   atomic.Int32
+	ongoing atomic.Int64
+	peak    atomic.Int64
+	served  atomic.Uint64
+	stopped atomic.Bool
+}
+
+var (
+	_ Replica   = (*hostReplica)(nil)
+	_ HostActor = (*hostReplica)(nil)
+	_ Stopper   = (*hostReplica)(nil)
+)
+
+// ID implements Handle: the host's address and the actor's id there.
+func (r *hostReplica) ID() string { return r.id }
+
+// Host implements Actor: the host's address.
+func (r *hostReplica) Host() string { return r.hc.addr }
+
+// Batcher implements HostActor.
+func (r *hostReplica) Batcher() HostBatcher { return r.hc }
+
+// State returns where the replica is in its life cycle.
+func (r *hostReplica) State() State { return State(r.state.Load()) }
+
+// SetState moves the replica to s.
+func (r *hostReplica) SetState(s State) { r.state.Store(int32(s)) }
+
+// Ongoing implements Handle: the requests this proxy has in flight to the
+// actor.
+func (r *hostReplica) Ongoing() int { return int(r.ongoing.Load()) }
+
+// MaxOngoing implements Handle: the actor's limit, as its host announced.
+func (r *hostReplica) MaxOngoing() int { return int(r.max.Load()) }
+
+// Peak returns the most requests this proxy has had in flight to the
+// actor at once.
+func (r *hostReplica) Peak() int { return int(r.peak.Load()) }
+
+// Served returns how many requests Serve has sent.
+func (r *hostReplica) Served() uint64 { return r.served.Load() }
+
+// TryAcquire implements Handle, as Upstream's does: never more than the
+// actor's limit from this proxy.
+func (r *hostReplica) TryAcquire() (func(), bool) {
+	if State(r.state.Load()) != StateRunning {
+		return nil, false
+	}
+	for {
+		n := r.ongoing.Load()
+		if n >= r.max.Load() {
+			return nil, false
+		}
+		if r.ongoing.CompareAndSwap(n, n+1) {
+			break
+		}
+	}
+	if State(r.state.Load()) != StateRunning {
+		r.ongoing.Add(-1) // not releaseSlot: the caller may hold the scheduler's lock
+		return nil, false
+	}
+	n := r.ongoing.Load()
+	for p := r.peak.Load(); n > p && !r.peak.CompareAndSwap(p, n); p = r.peak.Load() {
+	}
+	return r.release, true
+}
+
+func (r *hostReplica) releaseSlot() {
+	if r.ongoing.Add(-1) < 0 {
+		panic("replica: a slot was released twice")
+	}
+	if r.onRelease != nil {
+		r.onRelease()
+	}
+}
+
+// Call implements Actor: a control call for this actor alone (a Broadcast
+// batches the host's actors instead).
+func (r *hostReplica) Call(ctx context.Context, method string, payload []byte) ([]byte, error) {
+	res := r.hc.call(ctx, method, payload, Ref{}, []*hostReplica{r})[0]
+	return res.Value, res.Err
+}
+
+// Stop implements Stopper: the HostConn is closed when the last of its
+// replicas is stopped.
+func (r *hostReplica) Stop(context.Context) error {
+	if r.stopped.CompareAndSwap(false, true) && int(r.hc.stopped.Add(1)) == len(r.hc.replicas) {
+		r.hc.Close()
+	}
+	return nil
+}
+
+// patchStats makes a host's stats answer this replica's: its id and its
+// state are the proxy's; the counts are the actor's own, across proxies.
+func (r *hostReplica) patchStats(v []byte) ([]byte, error) {
+	var s Stats
+	if err := json.Unmarshal(v, &s); err != nil {
+		return nil, fmt.Errorf("replica %s: stats: %w", r.id, err)
+	}
+	s.ID, s.State = r.id, r.State()
+	return json.Marshal(s)
+}
+
+// maxWholeBody is the longest request body sent whole, in its request
+// frame: a quarter of the host's frame limit leaves the rest for the
+// header block.
+func maxWholeBody(cc *hostLink) int { return cc.w.peerMax / 4 }
+
+// Serve implements Handle: it sends r to the actor and copies the answer
+// to w, streaming both bodies and flushing a response the handler flushed.
+//
+// Its errors are as Upstream.Serve's: a context error when the client left
+// or r's deadline passed; *FullError when the actor refused the request at
+// its limit (nothing ran; r may go to another replica, body and all);
+// *UnreachableError when there is no connection (retryable), or it broke
+// before the answer began (Sent says whether the request may have
+// reached the host); *TimeoutError past ResponseHeaderTimeout;
+// *RequestBodyError when the client's body could not be read; and
+// *ReplicaError when the handler failed (a panic: 500) or the answer broke
+// off after it began. Nothing is written to w before the answer begins.
+func (r *hostReplica) Serve(w http.ResponseWriter, req *http.Request) error {
+	r.served.Add(1)
+	c := r.hc
+	cc, idx, err := c.pick(r.k)
+	if cc == nil {
+		return &UnreachableError{Replica: r.id, Err: err}
+	}
+	ctx := req.Context()
+
+	// A short body of known length is read first and sent whole; any
+	// other streams once the actor has taken the request.
+	var whole *[]byte
+	streamed := false
+	if req.Body != nil && req.Body != http.NoBody && req.ContentLength != 0 {
+		if req.ContentLength > 0 && req.ContentLength <= int64(maxWholeBody(cc)) {
+			whole = getBuf(int(req.ContentLength))
+			if _, err := io.ReadFull(req.Body, *whole); err != nil {
+				putBuf(whole)
+				if cerr := ctx.Err(); cerr != nil {
+					return cerr
+				}
+				return &RequestBodyError{Err: err}
+			}
+		} else {
+			streamed = true
+		}
+	}
+	// giveBack lets a retry on another replica read the body again.
+	giveBack := func() {
+		if whole != nil {
+			req.Body = &replayBody{kept: *whole, rest: req.Body}
+			whole = nil
+		}
+	}
+	defer func() {
+		if whole != nil {
+			putBuf(whole)
+		}
+	}()
+
+	s := &linkStream{wake: make(chan struct{}, 1)}
+	if streamed {
+		s.win = newWindow(0) // shut until the host takes the request
+	}
+	if !cc.register(s) {
+		giveBack()
+		return &UnreachableError{Replica: r.id, Err: cc.cause()}
+	}
+	defer cc.unregister(s)
+	var body []byte
+	if whole != nil {
+		body = *whole
+	}
+	if err := cc.sendRequest(s, idx, req, body, streamed); err != nil {
+		if errors.Is(err, ErrFrameTooLarge) || errors.Is(err, errTooLong) {
+			return &ReplicaError{Replica: r.id, Err: err}
+		}
+		giveBack()
+		return &UnreachableError{Replica: r.id, Err: err}
+	}
+	var guard *bodyGuard
+	if streamed {
+		guard = &bodyGuard{rc: req.Body}
+		defer guard.detach()
+		// Without it, net/http's server drops the rest of the client's
+		// body when the response begins.
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		go pumpBody(ctx, cc, s, guard)
+	}
+
+	var timeout <-chan time.Time
+	if d := c.o.ResponseHeaderTimeout; d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
+	typ, err := s.waitHead(ctx, timeout)
+	if err != nil {
+		var be *RequestBodyError
+		switch {
+		case ctx.Err() != nil:
+			cc.cancel(s)
+			return ctx.Err()
+		case errors.As(err, &be):
+			cc.cancel(s)
+			return be
+		case err == errHeadTimeout:
+			cc.cancel(s)
+			return &TimeoutError{Replica: r.id, Err: err}
+		}
+		sent := cc.w.sent(s.gen)
+		if !sent {
+			giveBack()
+		}
+		return &UnreachableError{Replica: r.id, Sent: sent, Err: err}
+	}
+	s.mu.Lock()
+	head, flags, in := *s.head, s.headFlags, s.in
+	s.mu.Unlock()
+	switch typ {
+	case frameFull:
+		giveBack()
+		return &FullError{Replica: r.id}
+	case frameError:
+		err := decodeErrorFrame(head)
+		switch {
+		case errors.Is(err, http.ErrAbortHandler):
+			return fmt.Errorf("replica %s: handler aborted the response: %w", r.id, http.ErrAbortHandler)
+		case errors.Is(err, ErrUnknownActor):
+			giveBack() // it ran nowhere
+			return &UnreachableError{Replica: r.id, Err: err}
+		}
+		return &ReplicaError{Replica: r.id, Err: err}
+	case frameResponse:
+	default:
+		return &ReplicaError{Replica: r.id, Err: fmt.Errorf("%w: a frame of type %d answering a request", ErrBadFrame, typ)}
+	}
+
+	status, end, err := c.readResponseHead(w.Header(), head)
+	if err != nil {
+		return &ReplicaError{Replica: r.id, Err: err}
+	}
+	w.WriteHeader(status)
+	if flags&flagEnd != 0 {
+		if len(head) > end {
+			if _, err := w.Write(head[end:]); err != nil {
+				return fmt.Errorf("replica %s: writing the response: %w: %w", r.id, context.Canceled, err)
+			}
+		}
+		return nil
+	}
+	stream := flags&flagStream != 0
+	if stream {
+		flush(w) // the headers at once: the first event may be long in coming
+	}
+	for {
+		data, end, err := in.take(ctx)
+		if len(data) > 0 {
+			if _, werr := w.Write(data); werr != nil {
+				cc.cancel(s)
+				return fmt.Errorf("replica %s: writing the response: %w: %w", r.id, context.Canceled, werr)
+			}
+			if stream {
+				flush(w)
+			}
+		}
+		if end {
+			return nil
+		}
+		if err != nil {
+			cc.cancel(s)
+			var be *RequestBodyError
+			switch {
+			case ctx.Err() != nil:
+				return ctx.Err()
+			case errors.As(err, &be):
+				return be
+			case errors.Is(err, http.ErrAbortHandler):
+				return fmt.Errorf("replica %s: handler aborted the response: %w", r.id, http.ErrAbortHandler)
+			}
+			return &ReplicaError{Replica: r.id, Err: fmt.Errorf("the response broke off: %w", err)}
+		}
+	}
+}
+
+// pumpBody sends a streamed request body in data frames, as the host's
+// credit allows. The first credit comes when the host takes the request,
+// so a refused request has nothing of its body read. It ends at the body's
+// end, when the stream is over (its window closed), or at the first read
+// error, which fails the stream.
+func pumpBody(ctx context.Context, cc *hostLink, s *linkStream, guard *bodyGuard) {
+	bp := copyBufPool.Get().(*[]byte)
+	defer copyBufPool.Put(bp)
+	buf := (*bp)[:min(len(*bp), dataChunk)]
+	for {
+		n, err := s.win.acquire(ctx, len(buf))
+		if err != nil {
+			return
+		}
+		m, rerr := guard.Read(buf[:n])
+		s.win.giveBack(n - m)
+		end := rerr == io.EOF
+		if m > 0 || end {
+			var flags byte
+			if end {
+				flags = flagEnd
+			}
+			if cc.w.send(frameData, flags, s.id, buf[:m]) != nil || end {
+				return
+			}
+		}
+		if rerr != nil {
+			if errors.Is(rerr, errBodyDetached) {
+				return // the request is over
+			}
+			var be *clientBodyError
+			if errors.As(rerr, &be) {
+				rerr = be.err
+			}
+			berr := &RequestBodyError{Err: rerr}
+			s.mu.Lock()
+			s.bodyErr = berr
+			in := s.in
+			s.mu.Unlock()
+			s.signal()
+			if in != nil {
+				in.fail(berr)
+			}
+			cc.cancel(s)
+			return
+		}
+	}
+}
+
+// sendRequest queues s's request frame: body is the whole body, or nil
+// when it streams (or there is none).
+func (cc *hostLink) sendRequest(s *linkStream, idx uint16, req *http.Request, body []byte, streamed bool) error {
+	if len(req.Method) > 0xff || len(req.Host) > 0xffff {
+		return errTooLong
+	}
+	b, err := cc.w.lock()
+	if err != nil {
+		return err
+	}
+	var flags byte
+	if !streamed {
+		flags = flagEnd
+	}
+	b, at := startFrame(b, frameRequest, flags, s.id)
+	b = binary.BigEndian.AppendUint16(b, idx)
+	b = appendStr8(b, req.Method)
+	b, err = appendTarget(b, req.URL)
+	if err == nil {
+		b = appendStr16(b, req.Host)
+		cl := uint64(len(body))
+		if streamed {
+			cl = unknownLength
+			if req.ContentLength > 0 {
+				cl = uint64(req.ContentLength)
+			}
+		}
+		b = binary.BigEndian.AppendUint64(b, cl)
+		b, err = cc.hc.appendRequestHeaders(b, req)
+	}
+	if err == nil {
+		b = append(b, body...)
+		b, err = cc.w.finishFrame(b, at)
+	} else {
+		b = b[:at]
+	}
+	s.gen = cc.w.unlock(b)
+	return err
+}
+
+// appendTarget appends u's path and query as a str16.
+func appendTarget(b []byte, u *url.URL) ([]byte, error) {
+	at := len(b)
+	b = append(b, 0, 0)
+	p := u.EscapedPath()
+	if p == "" {
+		p = "/"
+	}
+	b = append(b, p...)
+	if u.ForceQuery || u.RawQuery != "" {
+		b = append(b, '?')
+		b = append(b, u.RawQuery...)
+	}
+	n := len(b) - at - 2
+	if n > 0xffff {
+		return b[:at], errTooLong
+	}
+	binary.BigEndian.PutUint16(b[at:], uint16(n))
+	return b, nil
+}
+
+// appendRequestHeaders appends the header sent to the host, as Upstream's
+// requestHeader builds it: the client's, less the hop-by-hop ones and
+// those the Connection header names, with X-Forwarded-For, -Proto and
+// -Host set from what the proxy saw (an incoming one kept, or appended
+// to, only from a trusted peer), and Via if configured.
+func (c *HostConn) appendRequestHeaders(b []byte, r *http.Request) ([]byte, error) {
+	in := r.Header
+	conn := in["Connection"]
+	at := len(b)
+	b = append(b, 0, 0)
+	n := 0
+	add := func(k, v string) {
+		b = appendStr16(appendStr16(b, k), v)
+		n++
+	}
+	for k, vv := range in {
+		if isHopHeader(k) || (len(conn) > 0 && hasToken(conn, k)) {
+			continue
+		}
+		switch k {
+		case "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host":
+			continue // set below
+		case "Via":
+			if c.via != "" {
+				continue // below, with ours
+			}
+		}
+		if len(k) > 0xffff {
+			return b[:at], errTooLong
+		}
+		for _, v := range vv {
+			if len(v) > 0xffff {
+				return b[:at], errTooLong
+			}
+			add(k, v)
+		}
+	}
+	ip, ok, trust := forwardedFor(r.RemoteAddr, c.o.TrustedProxies)
+	if ok {
+		prior := in["X-Forwarded-For"]
+		if trust && len(prior) > 0 {
+			add("X-Forwarded-For", strings.Join(prior, ", ")+", "+ip)
+		} else {
+			add("X-Forwarded-For", ip)
+		}
+	}
+	switch v := in["X-Forwarded-Proto"]; {
+	case trust && len(v) > 0:
+		add("X-Forwarded-Proto", v[0])
+	case r.TLS != nil:
+		add("X-Forwarded-Proto", "https")
+	default:
+		add("X-Forwarded-Proto", "http")
+	}
+	if v := in["X-Forwarded-Host"]; trust && len(v) > 0 {
+		add("X-Forwarded-Host", v[0])
+	} else if r.Host != "" {
+		add("X-Forwarded-Host", r.Host)
+	}
+	if c.via != "" {
+		for _, v := range in["Via"] {
+			add("Via", v)
+		}
+		add("Via", c.via)
+	}
+	if n > 0xffff {
+		return b[:at], errTooLong
+	}
+	binary.BigEndian.PutUint16(b[at:], uint16(n))
+	return b, nil
+}
+
+// readResponseHead reads a response frame's status and headers, adding
+// the headers to dst (see copyResponseHeader), and returns where the body
+// begins. The headers go straight into dst, their strings cut from one
+// allocation, unless the host sent a Connection header.
+func (c *HostConn) readResponseHead(dst http.Header, head []byte) (status, end int, err error) {
+	r := newWireReader(head)
+	status = int(r.u16())
+	at := r.off
+	n := int(r.u16())
+	conn := false
+	for range n {
+		kf, kt := r.span16()
+		r.span16()
+		conn = conn || r.ok && string(head[kf:kt]) == "Connection"
+	}
+	end = r.off
+	if !r.ok || status < 100 || status > 999 {
+		return 0, 0, fmt.Errorf("%w: a response frame that does not parse", ErrBadFrame)
+	}
+	r.off = at
+	block := string(head[at:end])
+	if conn {
+		src, _ := parseHeaders(&r, block, at)
+		c.copyResponseHeader(dst, src)
+		return status, end, nil
+	}
+	r.u16()
+	vals := make([]string, n)
+	start := 0
+	for i := range n {
+		kf, kt := r.span16()
+		vf, vt := r.span16()
+		vals[i] = block[vf-at : vt-at]
+		k := block[kf-at : kt-at]
+		if i+1 < n {
+			// The next key: a name's values are next to each other.
+			nr := r
+			nf, nt := nr.span16()
+			if nr.ok && string(head[nf:nt]) == k {
+				continue
+			}
+		}
+		c.mergeHeader(dst, k, vals[start:i+1:i+1])
+		start = i + 1
+	}
+	if c.via != "" {
+		prior := dst["Via"]
+		dst["Via"] = append(prior[:len(prior):len(prior)], c.via)
+	}
+	return status, end, nil
+}
+
+// mergeHeader adds the host's values vv of header k to dst, as
+// copyResponseHeader does.
+func (c *HostConn) mergeHeader(dst http.Header, k string, vv []string) {
+	if isHopHeader(k) || k == FullHeader {
+		return
+	}
+	have, ok := dst[k]
+	switch {
+	case !ok:
+		dst[k] = vv
+	case !equalValues(have, vv):
+		dst[k] = append(have[:len(have):len(have)], vv...)
+	}
+}
+
+// copyResponseHeader adds the host's response header to dst, as
+// Upstream's copyResponseHeader does: less the hop-by-hop headers and
+// FullHeader; a header the proxy set already keeps its value when the
+// host sends the same, and gets the host's appended otherwise.
+func (c *HostConn) copyResponseHeader(dst, src http.Header) {
+	conn := src["Connection"]
+	for k, vv := range src {
+		if len(conn) == 0 || !hasToken(conn, k) {
+			c.mergeHeader(dst, k, vv)
+		}
+	}
+	if c.via != "" {
+		prior := dst["Via"]
+		dst["Via"] = append(prior[:len(prior):len(prior)], c.via)
+	}
+}
