@@ -136,6 +136,11 @@ type Deployment struct {
 	// WorkingDir is the working directory of handler "command"; the
 	// proxy's if empty.
 	WorkingDir string `yaml:"working_dir"`
+
+	// Hosts are the replica hosts (cmd/replica) whose actors are the
+	// replicas of handler "host", as host:port each; each actor's limit is
+	// its host's.
+	Hosts []string `yaml:"hosts"`
 }
 
 // The handler kinds that are not in-process handlers: the proxy forwards
@@ -146,6 +151,8 @@ const (
 	HandlerUpstream = "upstream"
 	// HandlerCommand is a process the proxy starts per replica (Command).
 	HandlerCommand = "command"
+	// HandlerHost is the actors of replica hosts of this project (Hosts).
+	HandlerHost = "host"
 )
 
 // RequestTimeout returns RequestTimeoutS as a duration; 0 means no timeout.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/url"
 	"slices"
 	"strconv"
@@ -206,6 +207,7 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 	only("command", HandlerCommand, d.Command != nil)
 	only("env", HandlerCommand, d.Env != nil)
 	only("working_dir", HandlerCommand, d.WorkingDir != "")
+	only("hosts", HandlerHost, d.Hosts != nil)
 	if d.Handler != HandlerUpstream && d.Handler != HandlerCommand {
 		if v.wrote(p.child("health_check_path"), d.HealthCheckPath != defaultHealthCheckPath && d.HealthCheckPath != "") {
 			v.report(p.child("health_check_path"), "is only for handlers %q and %q (in-process handlers check their health in Go)", HandlerUpstream, HandlerCommand)
@@ -242,6 +244,35 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 		if d.UserConfig != nil {
 			v.report(p.child("user_config"), `is not for handler "upstream": an HTTP server has no reconfigure call`)
 		}
+	case HandlerHost:
+		if len(d.Hosts) == 0 {
+			v.report(p.child("hosts"), `handler "host" needs hosts: the host:port of each replica host (cmd/replica)`)
+		}
+		seen := make(map[string]int)
+		for i, h := range d.Hosts {
+			hp := p.child("hosts").at(i)
+			if msg := hostPortProblem(h); msg != "" {
+				v.report(hp, "%s, got %q", msg, h)
+			} else if j, dup := seen[h]; dup {
+				v.report(hp, "duplicate host %q (also hosts[%d])", h, j)
+			} else {
+				seen[h] = i
+			}
+		}
+		for _, f := range []struct {
+			field   string
+			changed bool
+		}{
+			{"num_replicas", d.NumReplicas != defaultNumReplicas},
+			{"max_ongoing_requests", d.MaxOngoingRequests != defaultMaxOngoingRequests},
+		} {
+			if v.wrote(p.child(f.field), f.changed) {
+				v.report(p.child(f.field), `is not for handler "host": each host's actors, and their limits, are its own (cmd/replica -replicas, -max-ongoing)`)
+			}
+		}
+		if d.UserConfig != nil {
+			v.report(p.child("user_config"), `is not for handler "host": give it to cmd/replica (-user-config), or PUT it to the running deployment`)
+		}
 	case HandlerCommand:
 		if len(d.Command) == 0 || d.Command[0] == "" {
 			v.report(p.child("command"), `handler "command" needs command: the program and its arguments, a list`)
@@ -264,6 +295,19 @@ func (v *validator) wrote(p fieldPath, changed bool) bool {
 		return changed
 	}
 	return v.given(p)
+}
+
+// hostPortProblem returns what is wrong with a replica host's address, or
+// "".
+func hostPortProblem(s string) string {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil || host == "" {
+		return "must be host:port"
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "must have a port between 1 and 65535"
+	}
+	return ""
 }
 
 // upstreamURLProblem returns what is wrong with an upstream's base URL, or "".

@@ -114,6 +114,12 @@ func TestParseErrors(t *testing.T) {
 		{"handler missing", "applications:\n  - name: a\n    deployments:\n      - name: d\n", "applications[0].deployments[0].handler", 4, "is required"},
 		{"handler empty", "applications:\n  - name: a\n    deployments:\n      - name: d\n        handler: ''\n", "applications[0].deployments[0].handler", 5, "is required"},
 		// Handler kinds' own fields.
+		{"host without hosts", kindDeployment("host", ""), "applications[0].deployments[0].hosts", 4, `needs hosts`},
+		{"host bad address", kindDeployment("host", "        hosts: [\"127.0.0.1\"]\n"), "applications[0].deployments[0].hosts[0]", 6, "must be host:port"},
+		{"host bad port", kindDeployment("host", "        hosts: [\"127.0.0.1:99999\"]\n"), "applications[0].deployments[0].hosts[0]", 6, "port between 1 and 65535"},
+		{"host duplicate", kindDeployment("host", "        hosts: [\"a:1\", \"a:1\"]\n"), "applications[0].deployments[0].hosts[1]", 6, "duplicate host"},
+		{"host max_ongoing", kindDeployment("host", "        hosts: [\"a:1\"]\n        max_ongoing_requests: 9\n"), "applications[0].deployments[0].max_ongoing_requests", 7, "limits, are its own"},
+		{"hosts on echo", withDeployment("        hosts: [\"a:1\"]\n"), "applications[0].deployments[0].hosts", 6, `is only for handler "host"`},
 		{"upstream without upstreams", kindDeployment("upstream", ""), "applications[0].deployments[0].upstreams", 4, `needs upstreams (a list of URLs) or discovery`},
 		{"upstream both", kindDeployment("upstream", "        upstreams: [http://10.0.0.5:8000]\n        discovery: dns://svc.local:8000\n"), "applications[0].deployments[0].discovery", 7, "not both"},
 		{"upstream bad scheme", kindDeployment("upstream", "        upstreams: [ftp://10.0.0.5]\n"), "applications[0].deployments[0].upstreams[0]", 6, "http:// or https://"},

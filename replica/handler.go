@@ -54,12 +54,12 @@ func NewRegistry() *Registry {
 }
 
 // reservedHandlers are the handler kinds that run outside the process
-// (config.HandlerUpstream and config.HandlerCommand): no Go handler may
-// take their names.
-var reservedHandlers = []string{"upstream", "command"}
+// (config.HandlerUpstream, config.HandlerCommand, config.HandlerHost): no
+// Go handler may take their names.
+var reservedHandlers = []string{"upstream", "command", "host"}
 
 // Register adds a handler kind. Registering a name twice, or a reserved
-// one ("upstream", "command"), is an error.
+// one ("upstream", "command", "host"), is an error.
 func (r *Registry) Register(name string, f Factory) error {
 	if name == "" || f == nil {
 		return fmt.Errorf("replica: register: empty name or nil factory")

@@ -149,7 +149,7 @@ func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Confi
 			if failed[field+".handler"] || failed[field] {
 				continue // reported already
 			}
-			if d.Handler == config.HandlerUpstream {
+			if d.Handler == config.HandlerUpstream || d.Handler == config.HandlerHost {
 				continue // forwarded, not in process: the config checked it
 			}
 			if d.Handler == config.HandlerCommand {
