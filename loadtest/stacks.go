@@ -42,6 +42,10 @@ type StacksConfig struct {
 	NginxPath string
 	// HAProxyPath is the haproxy binary, found like NginxPath.
 	HAProxyPath string
+	// ReplicaPath is the cmd/replica binary of the proxy-host stack (the
+	// proxy in front of its own replica host serving "hi"). If empty, that
+	// stack is skipped.
+	ReplicaPath string
 	// LoadtestPath is the cmd/loadtest binary, whose reverseproxy command
 	// is the revproxy stack (Go's httputil.ReverseProxy in front of bare).
 	// If empty, that stack is skipped.
@@ -51,7 +55,8 @@ type StacksConfig struct {
 // Stack is one started server.
 type Stack struct {
 	// Name is bare, proxy (answering in process), proxy-up (the proxy
-	// forwarding to bare, handler upstream), revproxy, nginx or haproxy.
+	// forwarding to bare, handler upstream), proxy-host (the proxy in front
+	// of a cmd/replica host), revproxy, nginx or haproxy.
 	Name string
 	// URL is where the stack answers "hi".
 	URL string
@@ -77,6 +82,8 @@ type Stacks struct {
 	Started []Stack
 	// Skipped holds the stacks whose binary is missing.
 	Skipped []SkippedStack
+
+	hosts []func() // stop the replica hosts behind stacks, after the stacks
 }
 
 // Targets returns the started stacks as comparison targets, PIDs set.
@@ -98,6 +105,10 @@ func (s *Stacks) Stop() {
 			s.Started[i].stop = nil
 		}
 	}
+	for _, stop := range s.hosts {
+		stop()
+	}
+	s.hosts = nil
 }
 
 // StartStacks starts bare (hiserver), proxy (its default in-process "hi"
@@ -145,6 +156,17 @@ func StartStacks(ctx context.Context, cfg StacksConfig) (_ *Stacks, err error) {
 		return nil, fmt.Errorf("proxy-up: %w", err)
 	}
 	s.Started = append(s.Started, up)
+
+	if cfg.ReplicaPath == "" {
+		s.Skipped = append(s.Skipped, SkippedStack{Name: "proxy-host", Reason: "no replica binary given"})
+	} else {
+		ph, stopHost, err := startProxyHostStack(ctx, cfg.ProxyPath, cfg.ReplicaPath, cfg.Dir)
+		if err != nil {
+			return nil, fmt.Errorf("proxy-host: %w", err)
+		}
+		s.Started = append(s.Started, ph)
+		s.hosts = append(s.hosts, stopHost)
+	}
 
 	if cfg.LoadtestPath == "" {
 		s.Skipped = append(s.Skipped, SkippedStack{Name: "revproxy", Reason: "no loadtest binary given"})
@@ -379,6 +401,65 @@ func startProxyUpstreamStack(ctx context.Context, bin, dir string, barePort int)
 		return Stack{}, err
 	}
 	return st, nil
+}
+
+// ReplicaHostArgs are the flags of the proxy-host stack's replica host:
+// the seed's app (static "hi") on 16 actors of 100, as the proxy's
+// default app has in process.
+var ReplicaHostArgs = []string{"-handler", "static", "-replicas", "16", "-max-ongoing", "100", "-user-config", `{"body":"hi"}`, "-listen", "127.0.0.1:0"}
+
+// startProxyHostStack runs a replica host and the proxy in front of it
+// (handler host). The Stack is the proxy (its PID, its CPU); stopHost
+// stops the host after the proxy.
+func startProxyHostStack(ctx context.Context, proxyBin, replicaBin, dir string) (_ Stack, stopHost func(), err error) {
+	hostLog := filepath.Join(dir, "replica-host.log")
+	h, err := startProc(replicaBin, ReplicaHostArgs, hostLog)
+	if err != nil {
+		return Stack{}, nil, err
+	}
+	defer func() {
+		if err != nil {
+			h.stop()
+		}
+	}()
+	ctx2, cancel := context.WithTimeout(ctx, stackStartTimeout)
+	defer cancel()
+	var addr string
+	for addr == "" {
+		var ok bool
+		if addr, ok = findListening(hostLog); ok {
+			break
+		}
+		select {
+		case <-h.exited:
+			return Stack{}, nil, fmt.Errorf("replica host exited while starting: %v; log:\n%s", h.waitErr, tailFile(hostLog, 10))
+		case <-ctx2.Done():
+			return Stack{}, nil, fmt.Errorf("replica host: no \"listening on\" line within %v", stackStartTimeout)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	conf := filepath.Join(dir, "proxy-host.yaml")
+	yaml := fmt.Sprintf("applications:\n  - name: hi\n    route_prefix: /\n    deployments:\n      - name: hi\n        handler: host\n        hosts: [%q]\n", addr)
+	if err := os.WriteFile(conf, []byte(yaml), 0o600); err != nil {
+		return Stack{}, nil, err
+	}
+	logPath := filepath.Join(dir, "proxy-host.log")
+	p, err := startProxy(ctx, proxyBin, map[string]string{
+		"PROXY_HTTP_ADDR":  "127.0.0.1:0",
+		"PROXY_ADMIN_ADDR": "127.0.0.1:0",
+		"PROXY_ACCESS_LOG": "false",
+		"PROXY_CONFIG":     conf,
+	}, logPath)
+	if err != nil {
+		return Stack{}, nil, fmt.Errorf("%w; log:\n%s", err, tailFile(logPath, 10))
+	}
+	stop := func() { stopProcess(p.cmd, p.exited, stackStopTimeout) }
+	st := Stack{Name: "proxy-host", URL: "http://" + p.HTTPAddr + "/", PID: p.cmd.Process.Pid, Config: conf, Log: logPath, stop: stop}
+	if err := waitHi(ctx, st.URL, &stackProc{cmd: p.cmd, exited: p.exited}, logPath); err != nil {
+		stop()
+		return Stack{}, nil, err
+	}
+	return st, h.stop, nil
 }
 
 // startRevProxy runs `loadtest reverseproxy` in front of bare.

@@ -63,6 +63,7 @@ func parseCompareOptions(args []string, stderr io.Writer) (compareOptions, error
 			"The first target is the baseline of the ratios. Servers are not started here,\n"+
 			"except with -stacks: bare (cmd/hiserver), proxy (cmd/proxy, its default app), and in\n"+
 			"front of bare: proxy-up (cmd/proxy, handler upstream), revproxy (httputil.ReverseProxy),\n"+
+			"proxy-host (cmd/proxy in front of a cmd/replica host serving hi),\n"+
 			"nginx and haproxy when installed, on free loopback ports.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
@@ -178,8 +179,12 @@ func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	return reportRun(stderr, "loadtest compare", "table", err)
 }
 
-// hiserverPackage is the bare baseline that -stacks builds.
-const hiserverPackage = "github.com/serveproxy/serveproxy/cmd/hiserver"
+// hiserverPackage is the bare baseline that -stacks builds, and
+// replicaPackage the replica host of its proxy-host stack.
+const (
+	hiserverPackage = "github.com/serveproxy/serveproxy/cmd/hiserver"
+	replicaPackage  = "github.com/serveproxy/serveproxy/cmd/replica"
+)
 
 // startStacks builds what -stacks needs into a temp dir, starts the stacks
 // and prints them and the skipped ones. cleanup, never nil, stops them and
@@ -214,23 +219,28 @@ func startStacks(ctx context.Context, opts compareOptions, stdout, stderr io.Wri
 	if err := loadtest.GoBuild(bctx, hiserverPackage, hiserver, stderr); err != nil {
 		return nil, cleanup, fmt.Errorf("%w (run inside the module)", err)
 	}
+	fmt.Fprintf(stderr, "compare: building %s\n", replicaPackage)
+	replicaHost := filepath.Join(tmp, "replica")
+	if err := loadtest.GoBuild(bctx, replicaPackage, replicaHost, stderr); err != nil {
+		return nil, cleanup, fmt.Errorf("%w (run inside the module)", err)
+	}
 	self, err := os.Executable() // its reverseproxy command is the revproxy stack
 	if err != nil {
 		return nil, cleanup, err
 	}
-	stacks, err = loadtest.StartStacks(ctx, loadtest.StacksConfig{Dir: tmp, HiserverPath: hiserver, ProxyPath: proxyPath, LoadtestPath: self})
+	stacks, err = loadtest.StartStacks(ctx, loadtest.StacksConfig{Dir: tmp, HiserverPath: hiserver, ProxyPath: proxyPath, LoadtestPath: self, ReplicaPath: replicaHost})
 	if err != nil {
 		return nil, cleanup, err
 	}
 	for _, s := range stacks.Started {
-		fmt.Fprintf(stdout, "stack %-8s %s  pid %d", s.Name, s.URL, s.PID)
+		fmt.Fprintf(stdout, "stack %-10s %s  pid %d", s.Name, s.URL, s.PID)
 		if opts.keep && s.Config != "" {
 			fmt.Fprintf(stdout, "  config %s", s.Config)
 		}
 		fmt.Fprintln(stdout)
 	}
 	for _, s := range stacks.Skipped {
-		fmt.Fprintf(stdout, "stack %-8s skipped: %s\n", s.Name, s.Reason)
+		fmt.Fprintf(stdout, "stack %-10s skipped: %s\n", s.Name, s.Reason)
 	}
 	fmt.Fprintln(stdout, "stacks proxy and proxy-up: access log off (PROXY_ACCESS_LOG=false), like nginx (access_log off) and haproxy (no log)")
 	return stacks, cleanup, nil
