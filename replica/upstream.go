@@ -30,9 +30,10 @@ type UpstreamOptions struct {
 	// wake a waiting request). If nil, nothing is notified.
 	OnRelease func()
 	// Transport carries the requests; share one among a deployment's
-	// replicas (see NewTransport). If nil, the Upstream builds its own with
-	// NewTransport(TransportOptions{MaxConnsPerReplica: MaxOngoing}) and
-	// closes it in Close.
+	// replicas (see NewUpstreamClient, or NewTransport for net/http's). If
+	// nil, the Upstream builds its own with
+	// NewUpstreamClient(TransportOptions{MaxConnsPerReplica: MaxOngoing})
+	// and closes it in Close.
 	Transport http.RoundTripper
 	// HealthPath is what CheckHealth GETs. If empty, DefaultHealthPath.
 	HealthPath string
@@ -87,8 +88,8 @@ type Upstream struct {
 
 	rt          http.RoundTripper
 	health      http.RoundTripper
-	ownedRT     *http.Transport // closed by Close; nil when given
-	ownedHealth *http.Transport // likewise
+	ownedRT     interface{ CloseIdleConnections() } // closed by Close; nil when given
+	ownedHealth *http.Transport                     // likewise
 
 	max     int64
 	state   atomic.Int32
@@ -178,8 +179,8 @@ func NewUpstream(id, baseURL string, o UpstreamOptions) (*Upstream, error) {
 		u.keepBody = o.RetryBodyLimit
 	}
 	if u.rt == nil {
-		u.ownedRT = NewTransport(TransportOptions{MaxConnsPerReplica: o.MaxOngoing})
-		u.rt = u.ownedRT
+		c := NewUpstreamClient(TransportOptions{MaxConnsPerReplica: o.MaxOngoing})
+		u.ownedRT, u.rt = c, c
 	}
 	if u.health == nil {
 		u.ownedHealth = NewTransport(TransportOptions{})

@@ -36,7 +36,9 @@ type TransportOptions struct {
 	IdleConnTimeout time.Duration
 }
 
-// NewTransport returns the HTTP/1.1 transport that Upstream replicas share:
+// NewTransport returns a net/http HTTP/1.1 transport for Upstream replicas
+// (the health checks' transport, and forwarding where net/http's own is
+// wanted; NewUpstreamClient is the cheaper default for forwarding):
 // keep-alive connections sized to the replicas' limits, no proxy from the
 // environment, no transparent compression (the proxy passes bytes through
 // as the replica sent them), and the dial and response-header timeouts of
