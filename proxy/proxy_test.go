@@ -87,11 +87,12 @@ func startProxyWith(t *testing.T, opts Options, so ServerOptions, deps ...testDe
 		if td.userConfig != "" {
 			userConfig = json.RawMessage(td.userConfig)
 		}
-		var connect func(id, target string, onRelease func()) (replica.Replica, error)
+		var connect func(id, target string, onRelease func()) ([]replica.Replica, error)
 		if td.targets != nil {
 			maxOngoing := td.maxOngoing
-			connect = func(id, target string, onRelease func()) (replica.Replica, error) {
-				return replica.NewUpstreamReplica(id, target, replica.UpstreamOptions{MaxOngoing: maxOngoing, OnRelease: onRelease, HealthPath: "/"})
+			connect = func(id, target string, onRelease func()) ([]replica.Replica, error) {
+				r, err := replica.NewUpstreamReplica(id, target, replica.UpstreamOptions{MaxOngoing: maxOngoing, OnRelease: onRelease, HealthPath: "/"})
+				return []replica.Replica{r}, err
 			}
 		}
 		d, err := NewDeployment(replica.DeploymentSpec{

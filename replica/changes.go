@@ -125,13 +125,13 @@ func (d *Deployment) SetTargets(targets []string) error {
 		if have[t] {
 			continue
 		}
-		have[t] = true // a target listed twice is one replica
-		r, err := d.connect(t)
+		have[t] = true // a target listed twice is connected once
+		rs, err := d.connect(t)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		added = append(added, r)
+		added = append(added, rs...)
 	}
 	log := d.log()
 	d.mu.Lock()

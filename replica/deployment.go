@@ -36,12 +36,14 @@ type DeploymentSpec struct {
 	Start func(ctx context.Context, id string, onRelease func()) (Replica, error)
 
 	// Connect, if not nil, makes the replicas follow a set of targets
-	// (handler upstream) instead of NumReplicas: one replica per target,
-	// built by Connect, with Targets the first set and SetTargets the next
-	// ones. Nothing here can start such a replica, so one that fails its
-	// health checks leaves routing until it passes again, instead of being
+	// instead of NumReplicas: the replicas of each target, built by
+	// Connect (one for an HTTP server, handler upstream; a host's actors,
+	// handler host), with Targets the first set and SetTargets the next
+	// ones. id is a fresh replica id, for a target that is one replica.
+	// Nothing here can start such a replica, so one that fails its health
+	// checks leaves routing until it passes again, instead of being
 	// replaced.
-	Connect func(id, target string, onRelease func()) (Replica, error)
+	Connect func(id, target string, onRelease func()) ([]Replica, error)
 	Targets []string
 }
 
@@ -118,11 +120,11 @@ func NewDeployment(spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
 	switch {
 	case spec.Connect != nil:
 		for _, t := range spec.Targets {
-			r, err := d.connect(t)
+			rs, err := d.connect(t)
 			if err != nil {
 				return nil, err
 			}
-			d.replicas = append(d.replicas, r)
+			d.replicas = append(d.replicas, rs...)
 		}
 		d.spec.NumReplicas = len(d.replicas)
 	case spec.Start != nil:

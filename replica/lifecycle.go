@@ -79,16 +79,18 @@ func (d *Deployment) startMany(n int) []Replica {
 	return slices.DeleteFunc(got, func(r Replica) bool { return r == nil })
 }
 
-// connect builds the replica of a target with spec.Connect.
-func (d *Deployment) connect(target string) (Replica, error) {
-	r, err := d.spec.Connect(d.newID(), target, d.hooks.OnRelease)
+// connect builds the replicas of a target with spec.Connect.
+func (d *Deployment) connect(target string) ([]Replica, error) {
+	rs, err := d.spec.Connect(d.newID(), target, d.hooks.OnRelease)
 	if err != nil {
 		return nil, fmt.Errorf("application %q deployment %q: %w", d.spec.App, d.spec.Name, err)
 	}
 	d.mu.Lock()
-	d.targets[r] = target
+	for _, r := range rs {
+		d.targets[r] = target
+	}
 	d.mu.Unlock()
-	return r, nil
+	return rs, nil
 }
 
 // retireLocked takes r out of routing and drains it in the background

@@ -55,6 +55,8 @@ func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.
 				})
 			case config.HandlerCommand:
 				commandSpec(&spec, d, e, log)
+			case config.HandlerHost:
+				hostSpec(&spec, d, e, log)
 			default:
 				spec.Factory, err = reg.Lookup(d.Handler)
 			}
@@ -75,7 +77,7 @@ func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.
 }
 
 // upstreamOptions are the forwarding settings of a deployment's replicas,
-// with one transport shared by all of them (and one for health checks,
+// with one client shared by all of them (and one for health checks,
 // without keep-alive, so that a replica busy on every connection still
 // answers them).
 func upstreamOptions(d config.Deployment, e config.Env) replica.UpstreamOptions {
@@ -83,7 +85,7 @@ func upstreamOptions(d config.Deployment, e config.Env) replica.UpstreamOptions 
 	health.DisableKeepAlives = true
 	return replica.UpstreamOptions{
 		MaxOngoing:      d.MaxOngoingRequests,
-		Transport:       replica.NewTransport(replica.TransportOptions{MaxConnsPerReplica: d.MaxOngoingRequests}),
+		Transport:       replica.NewUpstreamClient(replica.TransportOptions{MaxConnsPerReplica: d.MaxOngoingRequests}),
 		HealthPath:      d.HealthCheckPath,
 		HealthTransport: health,
 		TrustedProxies:  e.TrustedProxies,
@@ -96,10 +98,14 @@ func upstreamOptions(d config.Deployment, e config.Env) replica.UpstreamOptions 
 // setTargets.
 func upstreamSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger, setTargets func([]string)) (*replica.Discovery, error) {
 	uo := upstreamOptions(d, e)
-	spec.Connect = func(id, target string, onRelease func()) (replica.Replica, error) {
+	spec.Connect = func(id, target string, onRelease func()) ([]replica.Replica, error) {
 		o := uo
 		o.OnRelease = onRelease
-		return replica.NewUpstreamReplica(id, target, o)
+		r, err := replica.NewUpstreamReplica(id, target, o)
+		if err != nil {
+			return nil, err
+		}
+		return []replica.Replica{r}, nil
 	}
 	if d.Discovery == "" {
 		spec.Targets = d.Upstreams
@@ -139,6 +145,29 @@ func commandSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env
 		o := uo
 		o.OnRelease = onRelease
 		return replica.StartCommandReplica(ctx, id, po, o, grace)
+	}
+}
+
+// hostConnectTimeout bounds connecting to a replica host at startup.
+const hostConnectTimeout = 10 * time.Second
+
+// hostSpec makes spec's replicas the actors of d's replica hosts: one
+// connection each, reconnected in the background after a loss.
+func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger) {
+	spec.Targets = d.Hosts
+	spec.Connect = func(_, addr string, onRelease func()) ([]replica.Replica, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), hostConnectTimeout)
+		defer cancel()
+		hc, err := replica.ConnectHost(ctx, addr, replica.HostOptions{
+			OnRelease:      onRelease,
+			TrustedProxies: e.TrustedProxies,
+			Via:            e.Via,
+			Log:            log.With().Str("deployment", d.Name).Logger(),
+		})
+		if err != nil {
+			return nil, err
+		}
+		return hc.Replicas(), nil
 	}
 }
 

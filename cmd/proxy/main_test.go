@@ -38,8 +38,9 @@ const (
 )
 
 // proxyBin is the binary TestMain builds; the tests run it. hiBin is
-// cmd/hiserver, a replica process for the remote kinds' tests.
-var proxyBin, hiBin string
+// cmd/hiserver and replicaBin cmd/replica, replica processes for the
+// remote kinds' tests.
+var proxyBin, hiBin, replicaBin string
 
 func TestMain(m *testing.M) {
 	os.Exit(testMain(m))
@@ -63,6 +64,12 @@ func testMain(m *testing.M) int {
 	hiBin = filepath.Join(dir, "hiserver")
 	if out, err := exec.Command("go", "build", "-o", hiBin, "../hiserver").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "TestMain: go build hiserver: %v\n%s", err, out)
+		return 1
+	}
+
+	replicaBin = filepath.Join(dir, "replica")
+	if out, err := exec.Command("go", "build", "-race", "-o", replicaBin, "../replica").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "TestMain: go build replica: %v\n%s", err, out)
 		return 1
 	}
 

@@ -617,3 +617,95 @@ func TestRemoteBadInput(t *testing.T) {
 		}
 	}
 }
+
+// startReplicaHost starts cmd/replica with args on a free loopback port
+// and returns its process and address; it is killed at the end of the
+// test.
+func startReplicaHost(t *testing.T, args ...string) *hiProcess {
+	t.Helper()
+	cmd := exec.Command(replicaBin, append([]string{"-listen", "127.0.0.1:0"}, args...)...)
+	cmd.Env = childEnv(nil)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
+	if err != nil || !ok {
+		t.Fatalf("replica host: %q %v", line, err)
+	}
+	return &hiProcess{cmd: cmd, addr: addr}
+}
+
+func TestReplicaHosts(t *testing.T) {
+	hosts := []*hiProcess{
+		startReplicaHost(t, "-handler", "static", "-replicas", "4", "-max-ongoing", "20", "-user-config", `{"body":"hi"}`),
+		startReplicaHost(t, "-handler", "static", "-replicas", "4", "-max-ongoing", "20", "-user-config", `{"body":"hi"}`),
+	}
+	path := writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: host
+        hosts: ["`+hosts[0].addr+`", "`+hosts[1].addr+`"]
+        health_check_period_s: 1
+`)
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 50)
+	dep := getApplications(t, c, p).Applications[0].Deployments[0]
+	if len(dep.Replicas) != 8 || dep.Status != "HEALTHY" {
+		t.Fatalf("deployment over two hosts of 4 actors: %+v", dep)
+	}
+
+	// A reconfigure reaches every actor through one control frame per host.
+	if r := do(t, c, mustRequest(t, http.MethodPut, "http://"+p.AdminAddr+"/-/applications/hi/deployments/hi/user_config", `{"body":"v2"}`)); r.status != 200 {
+		t.Fatalf("PUT user_config = %d %s", r.status, r.body)
+	}
+	for i := range 200 {
+		if r := get(t, c, "http://"+p.HTTPAddr+"/"); r.status != 200 || r.body != "v2" {
+			t.Fatalf("request %d after reconfigure: %d %q, want 200 v2", i, r.status, r.body)
+		}
+	}
+
+	const rate, length = 300, 3 * time.Second
+	counts := fixedRate(t, c, "http://"+p.HTTPAddr+"/", rate, length, func() {
+		_ = hosts[1].cmd.Process.Signal(syscall.SIGKILL)
+	})
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	t.Logf("kill -9 of 1 of 2 replica hosts (4 actors each) at %d req/s for %v: %d of %d answered 200 (%.2f%%), %d 502", rate, length, counts[200], total, 100*float64(counts[200])/float64(total), counts[502])
+	for status, n := range counts {
+		if status != 200 && status != 502 {
+			t.Errorf("%d requests answered %d, want only 200 (and 502 for requests in flight at the kill)", n, status)
+		}
+	}
+	if counts[502] > 5 {
+		t.Errorf("%d requests got 502: more than were in flight at the kill", counts[502])
+	}
+	unhealthy := 0
+	for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
+		if !rep.Healthy {
+			unhealthy++
+		}
+	}
+	if unhealthy != 4 {
+		t.Errorf("%d replicas unhealthy after the kill, want the host's 4", unhealthy)
+	}
+}
+
+// mustRequest builds a request with a body.
+func mustRequest(t *testing.T, method, url, body string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
+}
