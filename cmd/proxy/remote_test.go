@@ -709,3 +709,17 @@ func mustRequest(t *testing.T, method, url, body string) *http.Request {
 	}
 	return req
 }
+
+func TestPortInUse(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	for _, v := range []string{"PROXY_HTTP_ADDR", "PROXY_ADMIN_ADDR"} {
+		res := runProxy(t, map[string]string{v: taken.Addr().String()})
+		if res.code != 1 || !strings.Contains(res.stderr, "address already in use") || !strings.Contains(res.stderr, taken.Addr().String()) {
+			t.Errorf("%s on a port in use: exit %d, stderr %s; want 1 and the address named", v, res.code, res.stderr)
+		}
+	}
+}

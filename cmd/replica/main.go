@@ -117,7 +117,7 @@ func run(ctx context.Context, args []string, env map[string]string, stdout, stde
 	}
 	l, err := net.Listen("tcp", *listen)
 	if err != nil {
-		fmt.Fprintf(stderr, "replica: %v\n", err)
+		fmt.Fprintf(stderr, "replica: -listen %s: %v\n", *listen, err)
 		return exitFailed
 	}
 	// The bound address, not the flag's, so that ":0" says the real port.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -132,6 +133,11 @@ func TestRunServesAndStops(t *testing.T) {
 }
 
 func TestRunBadInput(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
 	for _, tt := range []struct {
 		name string
 		args []string
@@ -143,6 +149,7 @@ func TestRunBadInput(t *testing.T) {
 		{"no replicas", []string{"-replicas", "0"}, "replicas must be 1 to 65535"},
 		{"bad flag", []string{"-nope"}, "flag provided but not defined"},
 		{"bad address", []string{"-listen", "256.0.0.1:1"}, "listen"},
+		{"port in use", []string{"-listen", taken.Addr().String()}, "-listen " + taken.Addr().String() + ": listen tcp " + taken.Addr().String() + ": bind: address already in use"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr strings.Builder
