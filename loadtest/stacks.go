@@ -294,33 +294,43 @@ func startBare(ctx context.Context, bin, logPath string) (Stack, error) {
 		return Stack{}, err
 	}
 	st := Stack{Name: "bare", PID: p.cmd.Process.Pid, Log: logPath, stop: p.stop}
-	ctx, cancel := context.WithTimeout(ctx, stackStartTimeout)
-	defer cancel()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if addr, ok := findListening(logPath); ok {
-			st.URL = "http://" + addr + "/"
-			if err := CheckLoopback(st.URL); err != nil {
-				p.stop()
-				return Stack{}, err
-			}
-			break
-		}
-		select {
-		case <-p.exited:
-			return Stack{}, fmt.Errorf("exited while starting: %v; log:\n%s", p.waitErr, tailFile(logPath, 10))
-		case <-ctx.Done():
-			p.stop()
-			return Stack{}, fmt.Errorf("no \"listening on\" line within %v: %w", stackStartTimeout, ctx.Err())
-		case <-tick.C:
-		}
+	addr, err := waitListening(ctx, p, logPath)
+	if err != nil {
+		return Stack{}, err
+	}
+	st.URL = "http://" + addr + "/"
+	if err := CheckLoopback(st.URL); err != nil {
+		p.stop()
+		return Stack{}, err
 	}
 	if err := waitHi(ctx, st.URL, p, logPath); err != nil {
 		p.stop()
 		return Stack{}, err
 	}
 	return st, nil
+}
+
+// waitListening waits (bounded by stackStartTimeout) for p's "listening on
+// ADDR" line in the file at logPath and returns ADDR; p is stopped on
+// error.
+func waitListening(ctx context.Context, p *stackProc, logPath string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, stackStartTimeout)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if addr, ok := findListening(logPath); ok {
+			return addr, nil
+		}
+		select {
+		case <-p.exited:
+			return "", fmt.Errorf("exited while starting: %v; log:\n%s", p.waitErr, tailFile(logPath, 10))
+		case <-ctx.Done():
+			p.stop()
+			return "", fmt.Errorf("no \"listening on\" line within %v: %w", stackStartTimeout, ctx.Err())
+		case <-tick.C:
+		}
+	}
 }
 
 // findListening returns ADDR from hiserver's "listening on ADDR" line in
@@ -422,21 +432,9 @@ func startProxyHostStack(ctx context.Context, proxyBin, replicaBin, dir string) 
 			h.stop()
 		}
 	}()
-	ctx2, cancel := context.WithTimeout(ctx, stackStartTimeout)
-	defer cancel()
-	var addr string
-	for addr == "" {
-		var ok bool
-		if addr, ok = findListening(hostLog); ok {
-			break
-		}
-		select {
-		case <-h.exited:
-			return Stack{}, nil, fmt.Errorf("replica host exited while starting: %v; log:\n%s", h.waitErr, tailFile(hostLog, 10))
-		case <-ctx2.Done():
-			return Stack{}, nil, fmt.Errorf("replica host: no \"listening on\" line within %v", stackStartTimeout)
-		case <-time.After(20 * time.Millisecond):
-		}
+	addr, err := waitListening(ctx, h, hostLog)
+	if err != nil {
+		return Stack{}, nil, fmt.Errorf("replica host: %w", err)
 	}
 	conf := filepath.Join(dir, "proxy-host.yaml")
 	yaml := fmt.Sprintf("applications:\n  - name: hi\n    route_prefix: /\n    deployments:\n      - name: hi\n        handler: host\n        hosts: [%q]\n", addr)
@@ -470,24 +468,11 @@ func startRevProxy(ctx context.Context, bin, dir string, barePort int) (Stack, e
 		return Stack{}, err
 	}
 	st := Stack{Name: "revproxy", PID: p.cmd.Process.Pid, Log: logPath, stop: p.stop}
-	ctx, cancel := context.WithTimeout(ctx, stackStartTimeout)
-	defer cancel()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if addr, ok := findListening(logPath); ok {
-			st.URL = "http://" + addr + "/"
-			break
-		}
-		select {
-		case <-p.exited:
-			return Stack{}, fmt.Errorf("exited while starting: %v; log:\n%s", p.waitErr, tailFile(logPath, 10))
-		case <-ctx.Done():
-			p.stop()
-			return Stack{}, fmt.Errorf("no \"listening on\" line within %v: %w", stackStartTimeout, ctx.Err())
-		case <-tick.C:
-		}
+	addr, err := waitListening(ctx, p, logPath)
+	if err != nil {
+		return Stack{}, err
 	}
+	st.URL = "http://" + addr + "/"
 	if err := waitHi(ctx, st.URL, p, logPath); err != nil {
 		p.stop()
 		return Stack{}, err

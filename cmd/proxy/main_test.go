@@ -178,6 +178,17 @@ type servingLine struct {
 // the end of the test: SIGTERM, then SIGKILL after stopTimeout.
 func startProxy(t *testing.T, vars map[string]string, args ...string) *proc {
 	t.Helper()
+	p := launchProxy(t, vars, args...)
+	timer := time.NewTimer(startTimeout)
+	defer timer.Stop()
+	p.waitHealthy(timer.C)
+	return p
+}
+
+// launchProxy is startProxy up to the "serving" line: it does not wait for
+// /-/healthz, for a proxy whose replicas are not all running.
+func launchProxy(t *testing.T, vars map[string]string, args ...string) *proc {
+	t.Helper()
 	cmd := exec.Command(proxyBin, args...)
 	cmd.Env = childEnv(vars)
 	stderr, err := cmd.StderrPipe()
@@ -205,7 +216,6 @@ func startProxy(t *testing.T, vars map[string]string, args ...string) *proc {
 	if p.HTTPAddr == "" || p.AdminAddr == "" {
 		t.Fatalf("serving line without addresses: http_addr %q, admin_addr %q", p.HTTPAddr, p.AdminAddr)
 	}
-	p.waitHealthy(timer.C)
 	return p
 }
 

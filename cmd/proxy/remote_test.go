@@ -45,7 +45,15 @@ type hiProcess struct {
 // listens; it is killed at the end of the test.
 func startHi(t *testing.T) *hiProcess {
 	t.Helper()
-	cmd := exec.Command(hiBin, "-listen", "127.0.0.1:0")
+	return startListening(t, hiBin, "-listen", "127.0.0.1:0")
+}
+
+// startListening starts bin with args, waits for its "listening on ADDR"
+// line on stdout and kills it at the end of the test.
+func startListening(t *testing.T, bin string, args ...string) *hiProcess {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = childEnv(nil)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +65,7 @@ func startHi(t *testing.T) *hiProcess {
 	line, err := bufio.NewReader(out).ReadString('\n')
 	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
 	if err != nil || !ok {
-		t.Fatalf("hiserver: %q %v", line, err)
+		t.Fatalf("%s: %q %v", filepath.Base(bin), line, err)
 	}
 	return &hiProcess{cmd: cmd, addr: addr}
 }
@@ -312,28 +320,7 @@ func TestCommandCrashAtStart(t *testing.T) {
 // startProxyUnhealthy is startProxy without waiting for /-/healthz.
 func startProxyUnhealthy(t *testing.T, config string) *proc {
 	t.Helper()
-	cmd := exec.Command(proxyBin, "-config", config)
-	cmd.Env = childEnv(nil)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{t: t, cmd: cmd, exited: make(chan struct{})}
-	serving := make(chan servingLine, 1)
-	go p.readStderr(stderr, serving)
-	t.Cleanup(p.stop)
-	select {
-	case s := <-serving:
-		p.HTTPAddr, p.AdminAddr = s.HTTPAddr, s.AdminAddr
-	case <-p.exited:
-		t.Fatalf("proxy exited with code %d before serving", exitCode(t, p.waitErr))
-	case <-time.After(startTimeout):
-		t.Fatalf("no serving line within %v", startTimeout)
-	}
-	return p
+	return launchProxy(t, nil, "-config", config)
 }
 
 // srvZone is a DNS server on loopback answering SRV records for one name,
@@ -618,27 +605,11 @@ func TestRemoteBadInput(t *testing.T) {
 	}
 }
 
-// startReplicaHost starts cmd/replica with args on a free loopback port
-// and returns its process and address; it is killed at the end of the
-// test.
+// startReplicaHost starts cmd/replica with args on a free loopback port;
+// it is killed at the end of the test.
 func startReplicaHost(t *testing.T, args ...string) *hiProcess {
 	t.Helper()
-	cmd := exec.Command(replicaBin, append([]string{"-listen", "127.0.0.1:0"}, args...)...)
-	cmd.Env = childEnv(nil)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
-	if err != nil || !ok {
-		t.Fatalf("replica host: %q %v", line, err)
-	}
-	return &hiProcess{cmd: cmd, addr: addr}
+	return startListening(t, replicaBin, append([]string{"-listen", "127.0.0.1:0"}, args...)...)
 }
 
 func TestReplicaHosts(t *testing.T) {
