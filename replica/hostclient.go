@@ -130,8 +130,8 @@ func ConnectHost(ctx context.Context, addr string, o HostOptions) (*HostConn, er
 		if i == 0 {
 			c.byID = make(map[string]*hostReplica, len(hl.ids))
 			for k, id := range hl.ids {
-				r := &hostReplica{hc: c, k: k, hostID: id, id: addr + "/" + id, onRelease: o.OnRelease}
-				r.release = r.releaseSlot
+				r := &hostReplica{hc: c, k: k, hostID: id, id: addr + "/" + id}
+				r.init(0, o.OnRelease) // the limit is the host's hello's, stored below
 				c.replicas = append(c.replicas, r)
 				c.byID[r.id] = r
 			}
@@ -845,18 +845,12 @@ func (cc *hostLink) freeRef(r Ref) {
 // the proxy holds its slots (exactly like an Upstream, against the limit
 // the host announced) and sends its requests over its HostConn.
 type hostReplica struct {
-	hc        *HostConn
-	k         int    // its index in hc.replicas
-	hostID    string // the actor's id at the host
-	id        string // "<host address>/<hostID>"
-	onRelease func()
-	release   func() // built once so that TryAcquire allocates nothing
+	hc     *HostConn
+	k      int    // its index in hc.replicas
+	hostID string // the actor's id at the host
+	id     string // "<host address>/<hostID>"
 
-	max     atomic.Int64
-	state   atomic.Int32
-	ongoing atomic.Int64
-	peak    atomic.Int64
-	served  atomic.Uint64
+	slots
 	stopped atomic.Bool
 }
 
@@ -874,60 +868,6 @@ func (r *hostReplica) Host() string { return r.hc.addr }
 
 // Batcher implements HostActor.
 func (r *hostReplica) Batcher() HostBatcher { return r.hc }
-
-// State returns where the replica is in its life cycle.
-func (r *hostReplica) State() State { return State(r.state.Load()) }
-
-// SetState moves the replica to s.
-func (r *hostReplica) SetState(s State) { r.state.Store(int32(s)) }
-
-// Ongoing implements Handle: the requests this proxy has in flight to the
-// actor.
-func (r *hostReplica) Ongoing() int { return int(r.ongoing.Load()) }
-
-// MaxOngoing implements Handle: the actor's limit, as its host announced.
-func (r *hostReplica) MaxOngoing() int { return int(r.max.Load()) }
-
-// Peak returns the most requests this proxy has had in flight to the
-// actor at once.
-func (r *hostReplica) Peak() int { return int(r.peak.Load()) }
-
-// Served returns how many requests Serve has sent.
-func (r *hostReplica) Served() uint64 { return r.served.Load() }
-
-// TryAcquire implements Handle, as Upstream's does: never more than the
-// actor's limit from this proxy.
-func (r *hostReplica) TryAcquire() (func(), bool) {
-	if State(r.state.Load()) != StateRunning {
-		return nil, false
-	}
-	for {
-		n := r.ongoing.Load()
-		if n >= r.max.Load() {
-			return nil, false
-		}
-		if r.ongoing.CompareAndSwap(n, n+1) {
-			break
-		}
-	}
-	if State(r.state.Load()) != StateRunning {
-		r.ongoing.Add(-1) // not releaseSlot: the caller may hold the scheduler's lock
-		return nil, false
-	}
-	n := r.ongoing.Load()
-	for p := r.peak.Load(); n > p && !r.peak.CompareAndSwap(p, n); p = r.peak.Load() {
-	}
-	return r.release, true
-}
-
-func (r *hostReplica) releaseSlot() {
-	if r.ongoing.Add(-1) < 0 {
-		panic("replica: a slot was released twice")
-	}
-	if r.onRelease != nil {
-		r.onRelease()
-	}
-}
 
 // Call implements Actor: a control call for this actor alone (a Broadcast
 // batches the host's actors instead).

@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"strings"
 	"sync"
-	"sync/atomic"
 )
 
 // DefaultHealthPath is the path that Upstream.CheckHealth GETs when
@@ -91,15 +90,7 @@ type Upstream struct {
 	ownedRT     interface{ CloseIdleConnections() } // closed by Close; nil when given
 	ownedHealth *http.Transport                     // likewise
 
-	max     int64
-	state   atomic.Int32
-	ongoing atomic.Int64
-	peak    atomic.Int64
-	served  atomic.Uint64
-
-	// release is built once so that TryAcquire allocates nothing.
-	release   func()
-	onRelease func()
+	slots
 }
 
 var _ Handle = (*Upstream)(nil)
@@ -158,16 +149,15 @@ func NewUpstream(id, baseURL string, o UpstreamOptions) (*Upstream, error) {
 		}
 	}
 	u := &Upstream{
-		id:        id,
-		base:      base,
-		basePath:  strings.TrimSuffix(base.Path, "/"),
-		baseRaw:   strings.TrimSuffix(base.EscapedPath(), "/"),
-		trusted:   o.TrustedProxies,
-		rt:        o.Transport,
-		health:    o.HealthTransport,
-		max:       int64(o.MaxOngoing),
-		onRelease: o.OnRelease,
+		id:       id,
+		base:     base,
+		basePath: strings.TrimSuffix(base.Path, "/"),
+		baseRaw:  strings.TrimSuffix(base.EscapedPath(), "/"),
+		trusted:  o.TrustedProxies,
+		rt:       o.Transport,
+		health:   o.HealthTransport,
 	}
+	u.init(o.MaxOngoing, o.OnRelease)
 	u.healthURL = (&url.URL{Scheme: base.Scheme, Host: base.Host}).String() + u.baseRaw + hp
 	if o.Via != "" {
 		u.via = "1.1 " + o.Via
@@ -187,7 +177,6 @@ func NewUpstream(id, baseURL string, o UpstreamOptions) (*Upstream, error) {
 		u.ownedHealth.DisableKeepAlives = true
 		u.health = u.ownedHealth
 	}
-	u.release = u.releaseSlot
 	return u, nil
 }
 
@@ -196,63 +185,6 @@ func (u *Upstream) ID() string { return u.id }
 
 // URL returns the replica's base URL.
 func (u *Upstream) URL() string { return u.base.String() }
-
-// State returns where the replica is in its life cycle.
-func (u *Upstream) State() State { return State(u.state.Load()) }
-
-// SetState moves the replica to s. Only a StateRunning replica takes
-// requests.
-func (u *Upstream) SetState(s State) { u.state.Store(int32(s)) }
-
-// Ongoing implements Handle: the requests this proxy has in flight to the
-// replica (other clients of the server are not counted).
-func (u *Upstream) Ongoing() int { return int(u.ongoing.Load()) }
-
-// MaxOngoing implements Handle.
-func (u *Upstream) MaxOngoing() int { return int(u.max) }
-
-// Peak returns the most requests the proxy has ever had in flight to the
-// replica at once.
-func (u *Upstream) Peak() int { return int(u.peak.Load()) }
-
-// Served returns how many requests Serve has forwarded.
-func (u *Upstream) Served() uint64 { return u.served.Load() }
-
-// TryAcquire implements Handle. It fails when the replica is full or not
-// running.
-func (u *Upstream) TryAcquire() (func(), bool) {
-	if State(u.state.Load()) != StateRunning {
-		return nil, false
-	}
-	for {
-		n := u.ongoing.Load()
-		if n >= u.max {
-			return nil, false
-		}
-		if u.ongoing.CompareAndSwap(n, n+1) {
-			break
-		}
-	}
-	// As in Local: a drain that began in between has seen the slot or
-	// will, so the request runs before the replica stops, or is refused.
-	if State(u.state.Load()) != StateRunning {
-		u.ongoing.Add(-1) // not releaseSlot: the caller may hold the scheduler's lock
-		return nil, false
-	}
-	n := u.ongoing.Load()
-	for p := u.peak.Load(); n > p && !u.peak.CompareAndSwap(p, n); p = u.peak.Load() {
-	}
-	return u.release, true
-}
-
-func (u *Upstream) releaseSlot() {
-	if u.ongoing.Add(-1) < 0 {
-		panic("replica: a slot was released twice")
-	}
-	if u.onRelease != nil {
-		u.onRelease()
-	}
-}
 
 // Close closes the idle connections of the transports the Upstream built
 // for itself (not those given in UpstreamOptions). In-flight requests are
