@@ -694,3 +694,24 @@ func TestPortInUse(t *testing.T) {
 		}
 	}
 }
+
+func TestReplicaHostDownAtStart(t *testing.T) {
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := closed.Addr().String()
+	closed.Close()
+	path := writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: host
+        hosts: ["`+addr+`"]
+`)
+	res := runProxy(t, nil, "-config", path)
+	if res.code != 1 || !strings.Contains(res.stderr, addr) || !strings.Contains(res.stderr, "connection refused") {
+		t.Fatalf("a replica host down at start: exit %d, stderr %s; want 1 naming the host", res.code, res.stderr)
+	}
+}
