@@ -128,6 +128,28 @@ func fixedRate(t *testing.T, c *http.Client, url string, rate int, d time.Durati
 	return counts
 }
 
+// killUnderLoad sends GETs at 300 a second for 3 s, calls kill a third of
+// the way in, logs the success rate and checks that only requests in
+// flight at the kill failed, with 502.
+func killUnderLoad(t *testing.T, c *http.Client, p *proc, what string, kill func()) {
+	t.Helper()
+	const rate, length = 300, 3 * time.Second
+	counts := fixedRate(t, c, "http://"+p.HTTPAddr+"/", rate, length, kill)
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	t.Logf("kill -9 of %s at %d req/s for %v: %d of %d answered 200 (%.2f%%), %d 502", what, rate, length, counts[200], total, 100*float64(counts[200])/float64(total), counts[502])
+	for status, n := range counts {
+		if status != 200 && status != 502 {
+			t.Errorf("%d requests answered %d, want only 200 (and 502 for requests in flight at the kill)", n, status)
+		}
+	}
+	if counts[502] > 5 {
+		t.Errorf("%d requests got 502: more than were in flight at the kill", counts[502])
+	}
+}
+
 func TestUpstreamKillMinus9(t *testing.T) {
 	his := []*hiProcess{startHi(t), startHi(t), startHi(t)}
 	var ups []string
@@ -147,24 +169,7 @@ func TestUpstreamKillMinus9(t *testing.T) {
 `)
 	p := startProxy(t, nil, "-config", path)
 	c := newClient(t, 50)
-	const rate, length = 300, 3 * time.Second
-	counts := fixedRate(t, c, "http://"+p.HTTPAddr+"/", rate, length, func() {
-		_ = his[1].cmd.Process.Signal(syscall.SIGKILL)
-	})
-	total := 0
-	for _, n := range counts {
-		total += n
-	}
-	ok := counts[200]
-	t.Logf("kill -9 of 1 of 3 upstream replicas at %d req/s for %v: %d of %d answered 200 (%.2f%%), %d 502", rate, length, ok, total, 100*float64(ok)/float64(total), counts[502])
-	for status, n := range counts {
-		if status != 200 && status != 502 {
-			t.Errorf("%d requests answered %d, want only 200 (and 502 for requests in flight at the kill)", n, status)
-		}
-	}
-	if counts[502] > 5 {
-		t.Errorf("%d requests got 502: more than were in flight at the kill", counts[502])
-	}
+	killUnderLoad(t, c, p, "1 of 3 upstream replicas", func() { _ = his[1].cmd.Process.Signal(syscall.SIGKILL) })
 	// Taken out at once (refused connections), and unhealthy in the metrics.
 	var killed string
 	for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
@@ -210,23 +215,7 @@ func TestCommandReplicasRestartAfterKill(t *testing.T) {
 	for _, pid := range pids {
 		victim = pid
 	}
-	const rate, length = 300, 3 * time.Second
-	counts := fixedRate(t, c, "http://"+p.HTTPAddr+"/", rate, length, func() {
-		_ = syscall.Kill(victim, syscall.SIGKILL)
-	})
-	total := 0
-	for _, n := range counts {
-		total += n
-	}
-	t.Logf("kill -9 of 1 of 3 command replicas at %d req/s for %v: %d of %d answered 200 (%.2f%%), %d 502", rate, length, counts[200], total, 100*float64(counts[200])/float64(total), counts[502])
-	for status, n := range counts {
-		if status != 200 && status != 502 {
-			t.Errorf("%d requests answered %d, want only 200 (and 502 for requests in flight at the kill)", n, status)
-		}
-	}
-	if counts[502] > 5 {
-		t.Errorf("%d requests got 502: more than were in flight at the kill", counts[502])
-	}
+	killUnderLoad(t, c, p, "1 of 3 command replicas", func() { _ = syscall.Kill(victim, syscall.SIGKILL) })
 	if !p.waitLogged("replica process exited: replacing it", 10*time.Second) {
 		t.Fatal("no log line says the killed replica is replaced")
 	}
@@ -643,23 +632,7 @@ func TestReplicaHosts(t *testing.T) {
 		}
 	}
 
-	const rate, length = 300, 3 * time.Second
-	counts := fixedRate(t, c, "http://"+p.HTTPAddr+"/", rate, length, func() {
-		_ = hosts[1].cmd.Process.Signal(syscall.SIGKILL)
-	})
-	total := 0
-	for _, n := range counts {
-		total += n
-	}
-	t.Logf("kill -9 of 1 of 2 replica hosts (4 actors each) at %d req/s for %v: %d of %d answered 200 (%.2f%%), %d 502", rate, length, counts[200], total, 100*float64(counts[200])/float64(total), counts[502])
-	for status, n := range counts {
-		if status != 200 && status != 502 {
-			t.Errorf("%d requests answered %d, want only 200 (and 502 for requests in flight at the kill)", n, status)
-		}
-	}
-	if counts[502] > 5 {
-		t.Errorf("%d requests got 502: more than were in flight at the kill", counts[502])
-	}
+	killUnderLoad(t, c, p, "1 of 2 replica hosts (4 actors each)", func() { _ = hosts[1].cmd.Process.Signal(syscall.SIGKILL) })
 	unhealthy := 0
 	for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
 		if !rep.Healthy {
