@@ -152,7 +152,9 @@ func (p *Proxy) putUserConfig(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusBadRequest, errors.New("user_config must be a JSON object"))
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), controlTimeout)
+	// Not cancelled when the caller leaves: a reconfigure half done is
+	// worse than one finished for nobody.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), controlTimeout)
 	defer cancel()
 	results, err := d.Reconfigure(ctx, body)
 	out := struct {
@@ -165,11 +167,15 @@ func (p *Proxy) putUserConfig(w http.ResponseWriter, r *http.Request) {
 		out.Results[i] = callResult{Replica: res.Actor, OK: res.Err == nil}
 		if res.Err != nil {
 			out.Results[i].Error = res.Err.Error()
-			out.Results[i].Replaced = err == nil
+			out.Results[i].Replaced = err == nil && d.Replaces() && !errors.Is(res.Err, context.DeadlineExceeded)
 		}
 	}
 	status := http.StatusOK
-	if err != nil {
+	switch {
+	case errors.Is(err, replica.ErrStopped):
+		status = http.StatusServiceUnavailable
+		out.Error = err.Error()
+	case err != nil:
 		status = http.StatusUnprocessableEntity // nothing changed
 		out.Error = err.Error()
 	}
@@ -202,12 +208,15 @@ func (p *Proxy) putNumReplicas(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusBadRequest, fmt.Errorf("num_replicas must be in [1, %d], got %d", config.MaxNumReplicas, n))
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), controlTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), controlTimeout)
 	defer cancel()
 	err := d.Scale(ctx, *body.NumReplicas)
 	p.opts.Log.Info().Str("application", d.App()).Str("deployment", d.Name()).Int("num_replicas", *body.NumReplicas).
 		AnErr("error", err).Msg("num_replicas changed through the admin API")
 	switch {
+	case errors.Is(err, replica.ErrStopped):
+		writeJSONError(w, http.StatusServiceUnavailable, err)
+		return
 	case errors.Is(err, replica.ErrFixedReplicas):
 		writeJSONError(w, http.StatusConflict, fmt.Errorf("num_replicas cannot be set: %w", err))
 		return

@@ -236,12 +236,15 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector. The replicas' counts come from
 // each deployment's stats broadcast, the controllers' one path to them.
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
-	defer cancel()
 	for _, d := range c.deployments {
 		app, name := d.App(), d.Name()
 		ch <- prometheus.MustNewConstMetric(queuedDesc, prometheus.GaugeValue, float64(d.Scheduler.Queued()), app, name)
-		for _, s := range d.Stats(ctx) {
+		// A deadline each, so that one stalled host costs only its own
+		// deployment's counts.
+		ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
+		stats := d.Stats(ctx)
+		cancel()
+		for _, s := range stats {
 			healthy := 0.0
 			if s.Healthy {
 				healthy = 1

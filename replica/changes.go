@@ -9,6 +9,9 @@ import (
 	"slices"
 )
 
+// ErrStopped is the error of a change asked of a stopped deployment.
+var ErrStopped = errors.New("the deployment is stopping")
+
 // ErrFixedReplicas is Scale's error for a deployment whose replicas follow
 // their targets (handler upstream): their number is the targets'.
 var ErrFixedReplicas = errors.New("the replicas are its upstreams: change the upstreams or the DNS records, not num_replicas")
@@ -23,6 +26,9 @@ var ErrFixedReplicas = errors.New("the replicas are its upstreams: change the up
 func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage) ([]Result, error) {
 	d.control.Lock()
 	defer d.control.Unlock()
+	if d.stopped {
+		return nil, ErrStopped
+	}
 	d.mu.Lock()
 	old := d.spec.UserConfig
 	d.spec.UserConfig = userConfig
@@ -31,10 +37,16 @@ func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage
 	d.mu.Unlock()
 
 	results := d.broadcastTo(ctx, Call{Method: MethodReconfigure, Payload: userConfig}, pool, targets)
-	failed := 0
+	// A replica that had not answered when ctx ended may still apply the
+	// config: its result is unknown, neither a rejection nor a failure.
+	failed, unknown := 0, 0
 	var firstErr error
 	for _, r := range results {
-		if r.Err != nil {
+		switch {
+		case r.Err == nil:
+		case ctx.Err() != nil && errors.Is(r.Err, ctx.Err()):
+			unknown++
+		default:
 			failed++
 			firstErr = cmp.Or(firstErr, r.Err)
 		}
@@ -49,13 +61,19 @@ func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage
 	}
 	d.mu.Lock()
 	for i, r := range results {
-		if r.Err != nil {
+		switch {
+		case r.Err == nil:
+		case ctx.Err() != nil && errors.Is(r.Err, ctx.Err()):
+			log.Warn().Str("replica", r.Actor).Msg("replica did not answer its reconfigure in time: it may apply it later")
+		case !d.Replaces():
+			log.Error().Str("replica", r.Actor).Err(r.Err).Msg("replica failed to reconfigure: it keeps its old config (nothing here can replace it)")
+		default:
 			log.Error().Str("replica", r.Actor).Err(r.Err).Msg("replica failed to reconfigure: taken out of routing, to be replaced")
 			d.retireLocked(targets[i])
 		}
 	}
 	d.mu.Unlock()
-	log.Info().Int("replicas", len(targets)).Int("failed", failed).Msg("user_config reconfigured")
+	log.Info().Int("replicas", len(targets)).Int("failed", failed).Int("unknown", unknown).Msg("user_config reconfigured")
 	_ = d.topUpHeld(ctx) // a replacement that fails to start is logged and retried by the starter
 	return results, nil
 }
@@ -75,6 +93,9 @@ func (d *Deployment) Scale(ctx context.Context, n int) error {
 	}
 	d.control.Lock()
 	defer d.control.Unlock()
+	if d.stopped {
+		return ErrStopped
+	}
 	d.mu.Lock()
 	from := len(d.replicas)
 	d.spec.NumReplicas = n
@@ -87,8 +108,15 @@ func (d *Deployment) Scale(ctx context.Context, n int) error {
 	}
 	d.mu.Unlock()
 	d.log().Info().Int("from", from).Int("to", n).Msg("num_replicas changed")
-	return d.topUpHeld(ctx)
+	err := d.topUpHeld(ctx)
+	d.kick() // the starter finishes what ctx cut short
+	return err
 }
+
+// Replaces reports whether a replica that fails is replaced by a new one:
+// false for a deployment that follows targets (Connect), whose replicas
+// nothing here can start.
+func (d *Deployment) Replaces() bool { return d.spec.Connect == nil }
 
 // SetTargets makes the replicas of a Connect deployment follow targets: a
 // replica is connected for each new target, and the replicas of targets
@@ -100,7 +128,7 @@ func (d *Deployment) SetTargets(targets []string) error {
 	}
 	d.control.Lock()
 	defer d.control.Unlock()
-	if d.ctx.Err() != nil {
+	if d.stopped || d.ctx.Err() != nil {
 		return nil // stopped: nothing is routed any more
 	}
 	want := make(map[string]bool, len(targets))

@@ -78,6 +78,9 @@ type Deployment struct {
 	// (Reconfigure, Scale, topUp, Stop), so that a replica is never built
 	// with a user_config that is being replaced.
 	control sync.Mutex
+	// stopped is set, under control, once Stop begins: the changes that
+	// would start background work refuse with ErrStopped from then on.
+	stopped bool
 
 	// mu guards every field below.
 	mu       sync.Mutex
@@ -273,7 +276,9 @@ func (d *Deployment) Stats(ctx context.Context) []ReplicaStatus {
 		if r.Err != nil {
 			s.Error = r.Err.Error()
 		}
-		s.Healthy = r.Err == nil && healthy[s.ID] && s.State == StateRunning
+		// Health is the controller's view: a stats call that failed (a
+		// stalled host, a deadline) is no health verdict.
+		s.Healthy = healthy[s.ID] && (r.Err != nil || s.State == StateRunning)
 		out[i] = s
 	}
 	return out
@@ -284,7 +289,10 @@ func (d *Deployment) Stats(ctx context.Context) []ReplicaStatus {
 // their requests to finish. It returns ctx's error if requests were still
 // running then.
 func (d *Deployment) Stop(ctx context.Context) error {
-	d.cancel()
+	d.cancel() // cuts short the starts in progress, so control frees soon
+	d.control.Lock()
+	d.stopped = true // no change adds to wg from now on
+	d.control.Unlock()
 	d.wg.Wait() // the health loop and background drains end at once
 	d.control.Lock()
 	defer d.control.Unlock()

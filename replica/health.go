@@ -2,6 +2,7 @@ package replica
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -58,6 +59,9 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 func (d *Deployment) recordHealth(r Replica, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if !slices.Contains(d.replicas, r) {
+		return // retired while it was checked
+	}
 	log := d.log().With().Str("replica", r.ID()).Logger()
 	if err == nil {
 		if d.failures[r] > 0 {

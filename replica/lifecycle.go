@@ -234,6 +234,9 @@ func (d *Deployment) topUpHeld(ctx context.Context) error {
 			return ctx.Err()
 		}
 		r, err := d.newReplica(ctx, userConfig)
+		if err != nil && (ctx.Err() != nil || d.ctx.Err() != nil) {
+			return err // cut short, not failed: not counted
+		}
 		if err != nil {
 			d.mu.Lock()
 			d.startFailures++

@@ -31,6 +31,10 @@ type ProcessOptions struct {
 	Log zerolog.Logger
 }
 
+// outputGrace is how long an exited replica's output is read for before
+// its exit is reported anyway.
+const outputGrace = 2 * time.Second
+
 // maxLogLine bounds one line of a replica's output in the log; longer
 // lines are cut (and marked), not buffered without bound.
 const maxLogLine = 64 << 10
@@ -63,15 +67,25 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 	cmd.Dir = o.Dir
 	cmd.Env = append(append(os.Environ(), o.Env...), "PORT="+strconv.Itoa(port), "REPLICA_ID="+id)
 	cmd.SysProcAttr = processAttr()
-	stdout, err := cmd.StdoutPipe()
+	// Pipes of our own, not StdoutPipe: Wait must not wait for them, since
+	// a descendant that outlives the replica may hold them open.
+	stdout, stdoutW, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	stderr, err := cmd.StderrPipe()
+	stderr, stderrW, err := os.Pipe()
 	if err != nil {
+		stdout.Close()
+		stdoutW.Close()
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
+	cmd.Stdout, cmd.Stderr = stdoutW, stderrW
+	err = cmd.Start()
+	stdoutW.Close() // the child has its own copies
+	stderrW.Close()
+	if err != nil {
+		stdout.Close()
+		stderr.Close()
 		return nil, fmt.Errorf("command %q: %w", o.Command[0], err)
 	}
 	p := &Process{id: id, port: port, cmd: cmd, done: make(chan struct{})}
@@ -79,17 +93,27 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 	var output sync.WaitGroup
 	for _, s := range []struct {
 		name string
-		r    io.Reader
+		r    *os.File
 	}{{"stdout", stdout}, {"stderr", stderr}} {
 		output.Add(1)
 		go func() {
 			defer output.Done()
+			defer s.r.Close()
 			logLines(&log, s.name, s.r)
 		}()
 	}
 	go func() {
-		output.Wait() // Wait closes the pipes: read them to the end first
 		p.exitErr = cmd.Wait()
+		// The output's last lines, unless a descendant keeps the pipes
+		// open: then the readers go on, and the exit is not held up.
+		logged := make(chan struct{})
+		go func() { output.Wait(); close(logged) }()
+		t := time.NewTimer(outputGrace)
+		select {
+		case <-logged:
+		case <-t.C:
+		}
+		t.Stop()
 		close(p.done)
 	}()
 	return p, nil

@@ -1,0 +1,117 @@
+package replica
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// slowReconf takes its time to reconfigure, ignoring ctx.
+type slowReconf struct {
+	delay time.Duration
+	fail  bool
+	seen  atomic.Value // the last user_config applied
+}
+
+func (*slowReconf) ServeHTTP(http.ResponseWriter, *http.Request) {}
+func (s *slowReconf) Reconfigure(_ context.Context, c json.RawMessage) error {
+	time.Sleep(s.delay)
+	if s.fail {
+		return errors.New("no")
+	}
+	s.seen.Store(string(c))
+	return nil
+}
+
+func startDeployment(t *testing.T, spec DeploymentSpec) *Deployment {
+	t.Helper()
+	spec.App, spec.Name = "app", "dep"
+	spec.MaxOngoingRequests = max(spec.MaxOngoingRequests, 1)
+	spec.GracefulShutdownTimeout = time.Second
+	spec.HealthCheckTimeout = time.Second
+	d, err := NewDeployment(spec, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	return d
+}
+
+// A reconfigure that outlives its deadline is no rejection: the new
+// config stays, and no replica is replaced for being slow.
+func TestReconfigureDeadlineIsNotRejection(t *testing.T) {
+	d := startDeployment(t, DeploymentSpec{NumReplicas: 2, UserConfig: json.RawMessage(`{"v":1}`),
+		Factory: func(json.RawMessage) (Handler, error) { return &slowReconf{delay: 200 * time.Millisecond}, nil }})
+	before := d.Replicas()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := d.Reconfigure(ctx, json.RawMessage(`{"v":2}`)); err != nil {
+		t.Fatalf("Reconfigure past its deadline = %v, want no rejection", err)
+	}
+	if got := string(d.Spec().UserConfig); got != `{"v":2}` {
+		t.Fatalf("user_config after a slow reconfigure = %s, want the new one", got)
+	}
+	after := d.Replicas()
+	if len(after) != 2 || after[0] != before[0] || after[1] != before[1] {
+		t.Fatal("slow replicas were replaced")
+	}
+}
+
+// A deployment of targets keeps a replica whose reconfigure failed:
+// nothing here could start another.
+func TestReconfigureFailureKeepsTargets(t *testing.T) {
+	var n atomic.Int32
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a", "b"},
+		Connect: func(id, target string, onRelease func()) ([]Replica, error) {
+			return []Replica{NewLocal(id, &slowReconf{fail: n.Add(1) == 1}, 1, onRelease)}, nil
+		}})
+	results, err := d.Reconfigure(context.Background(), json.RawMessage(`{}`))
+	if err != nil || results[0].Err == nil || results[1].Err != nil {
+		t.Fatalf("Reconfigure = %+v, %v", results, err)
+	}
+	if d.Replaces() || len(d.Replicas()) != 2 {
+		t.Fatalf("replicas after a failed reconfigure: %d (Replaces %v), want 2 kept", len(d.Replicas()), d.Replaces())
+	}
+}
+
+// A Scale cut short by its caller's deadline does not count as failed
+// starts, and the starter finishes the job.
+func TestScaleCutShortIsNotAFailure(t *testing.T) {
+	d := startDeployment(t, DeploymentSpec{NumReplicas: 1, MaxConstructorRetryCount: 1,
+		Start: func(ctx context.Context, id string, onRelease func()) (Replica, error) {
+			select { // a start that takes 100 ms
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+			return NewLocal(id, Echo{}, 1, onRelease), nil
+		}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	_ = d.Scale(ctx, 3)
+	deadline := time.Now().Add(10 * time.Second)
+	for d.Running() != 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d replicas running, want 3: the cut-short start counted as a failure", d.Running())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestChangesAfterStop(t *testing.T) {
+	d := startDeployment(t, DeploymentSpec{NumReplicas: 1, Factory: func(json.RawMessage) (Handler, error) { return Echo{}, nil }})
+	if err := d.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Scale(context.Background(), 2); !errors.Is(err, ErrStopped) {
+		t.Fatalf("Scale after Stop = %v, want ErrStopped", err)
+	}
+	if _, err := d.Reconfigure(context.Background(), json.RawMessage(`{}`)); !errors.Is(err, ErrStopped) {
+		t.Fatalf("Reconfigure after Stop = %v, want ErrStopped", err)
+	}
+}
