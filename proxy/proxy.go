@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -216,12 +217,16 @@ func (p *Proxy) GracefulShutdownTimeout() time.Duration {
 // Stop stops every deployment, waiting up to ctx's deadline for their
 // requests to finish.
 func (p *Proxy) Stop(ctx context.Context) error {
-	var errs []error
-	for _, d := range p.deployments {
-		if err := d.Stop(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("application %q deployment %q: %w", d.App(), d.Name(), err))
-		}
+	errs := make([]error, len(p.deployments))
+	var wg sync.WaitGroup
+	for i, d := range p.deployments {
+		wg.Go(func() { // at once, so that one's grace period is not another's
+			if err := d.Stop(ctx); err != nil {
+				errs[i] = fmt.Errorf("application %q deployment %q: %w", d.App(), d.Name(), err)
+			}
+		})
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
