@@ -87,11 +87,9 @@ func (p *Proxy) Serve(ctx context.Context, public, admin net.Listener, so Server
 		p.opts.Log.Warn().Err(err).Msg("requests still running at the graceful shutdown timeout; closing their connections")
 		errs = append(errs, fmt.Errorf("graceful shutdown: %w", err), pub.Close())
 	}
-	// The replicas get a grace period of their own: requests that used
-	// all of the first must not cost replica processes their SIGTERM.
-	rctx, rcancel := context.WithTimeout(context.Background(), grace)
-	defer rcancel()
-	if err := p.Stop(rctx); err != nil {
+	// Requests that used all of the grace period do not cost replica
+	// processes their SIGTERM: Stop gives those their own grace.
+	if err := p.Stop(sctx); err != nil {
 		errs = append(errs, err)
 	}
 	if adm != nil {

@@ -286,8 +286,10 @@ func (d *Deployment) Stats(ctx context.Context) []ReplicaStatus {
 
 // Stop ends the health-check loop, takes every replica out of routing and
 // drains them all through one broadcast, waiting up to ctx's deadline for
-// their requests to finish. It returns ctx's error if requests were still
-// running then.
+// their requests to finish, then stops them: a replica process gets
+// SIGTERM and its own graceful_shutdown_timeout_s before SIGKILL, whatever
+// ctx. It returns ctx's error if requests were still running at its
+// deadline.
 func (d *Deployment) Stop(ctx context.Context) error {
 	d.cancel() // cuts short the starts in progress, so control frees soon
 	d.control.Lock()
@@ -310,12 +312,15 @@ func (d *Deployment) Stop(ctx context.Context) error {
 			err = r.Err
 		}
 	}
+	// The drain had ctx; stopping has its own grace periods (a process's
+	// SIGTERM wait), which ctx's end must not cut to a SIGKILL.
+	sctx := context.WithoutCancel(ctx)
 	var wg sync.WaitGroup
 	for _, r := range all {
 		r.SetState(StateStopped)
 		if s, ok := r.(Stopper); ok {
 			wg.Go(func() {
-				if e := s.Stop(ctx); e != nil {
+				if e := s.Stop(sctx); e != nil {
 					d.log().Warn().Str("replica", r.ID()).Err(e).Msg("stopping a replica")
 				}
 			})
