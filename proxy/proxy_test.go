@@ -632,3 +632,26 @@ func TestDrainDelay(t *testing.T) {
 		t.Fatal("the listener still accepts after the drain delay")
 	}
 }
+
+// With a request timeout, the handler runs behind the deadline writer,
+// which must still let a replica stream both ways.
+func TestFullDuplexWithTimeout(t *testing.T) {
+	tp := startProxy(t, Options{RequestTimeout: 10 * time.Second}, testDeployment{app: "a", prefix: "/", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.Copy(w, r.Body) // reads after writing began
+	})})
+	req, _ := http.NewRequest("POST", tp.url+"/", strings.NewReader(strings.Repeat("x", 1<<20)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || len(b) != 1<<20 {
+		t.Fatalf("full duplex behind a request timeout: %d, %d bytes back (%q...)", resp.StatusCode, len(b), string(b[:min(len(b), 80)]))
+	}
+}

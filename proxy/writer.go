@@ -122,6 +122,18 @@ func (dw *deadlineWriter) Flush() {
 	dw.w.Flush()
 }
 
+// EnableFullDuplex lets the handler read the request body while it writes
+// the response (http.ResponseController finds it here), as a replica in
+// another process needs to stream both ways.
+func (dw *deadlineWriter) EnableFullDuplex() error {
+	dw.mu.Lock()
+	defer dw.mu.Unlock()
+	if dw.closed {
+		return http.ErrHandlerTimeout
+	}
+	return http.NewResponseController(dw.w).EnableFullDuplex()
+}
+
 // close stops the handler's writes.
 func (dw *deadlineWriter) close() {
 	dw.mu.Lock()
