@@ -24,11 +24,17 @@ const firstResolveTimeout = 5 * time.Second
 // build turns the config into running parts: one proxy.Deployment per
 // deployment, grouped by application, and the discovery loops that feed
 // the deployments found in DNS (to run until the proxy stops).
-func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.Logger) ([]*proxy.Application, []func(context.Context), error) {
+func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.Logger) (_ []*proxy.Application, _ []func(context.Context), err error) {
 	var apps []*proxy.Application
 	var discoveries []func(context.Context)
+	defer func() {
+		if err != nil {
+			stopDeployments(apps, log) // those built before the error
+		}
+	}()
 	for _, a := range cfg.Applications {
 		app := &proxy.Application{Name: a.Name, RoutePrefix: a.RoutePrefix}
+		apps = append(apps, app)
 		for _, d := range a.Deployments {
 			spec := replica.DeploymentSpec{
 				App:                      a.Name,
@@ -71,9 +77,23 @@ func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.
 			}
 			app.Deployments = append(app.Deployments, dep)
 		}
-		apps = append(apps, app)
 	}
 	return apps, discoveries, nil
+}
+
+// stopDeployments stops the deployments of apps that never served (after
+// a startup error), so that no replica process or host connection is left
+// behind.
+func stopDeployments(apps []*proxy.Application, log zerolog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, a := range apps {
+		for _, d := range a.Deployments {
+			if err := d.Stop(ctx); err != nil {
+				log.Warn().Str("application", a.Name).Str("deployment", d.Name()).Err(err).Msg("stopping after a startup error")
+			}
+		}
+	}
 }
 
 // upstreamOptions are the forwarding settings of a deployment's replicas,

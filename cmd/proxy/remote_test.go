@@ -675,7 +675,17 @@ func TestReplicaHostDownAtStart(t *testing.T) {
 	}
 	addr := closed.Addr().String()
 	closed.Close()
+	// The command replicas start first; the host's error must stop them.
 	path := writeConfig(t, `applications:
+  - name: cmd
+    route_prefix: /cmd
+    deployments:
+      - name: cmd
+        handler: command
+        command: [sh, -c, 'exec "$HISERVER" -listen 127.0.0.1:$PORT']
+        env: [HISERVER=`+hiBin+`]
+        health_check_path: /
+        num_replicas: 2
   - name: hi
     route_prefix: /
     deployments:
@@ -686,5 +696,23 @@ func TestReplicaHostDownAtStart(t *testing.T) {
 	res := runProxy(t, nil, "-config", path)
 	if res.code != 1 || !strings.Contains(res.stderr, addr) || !strings.Contains(res.stderr, "connection refused") {
 		t.Fatalf("a replica host down at start: exit %d, stderr %s; want 1 naming the host", res.code, res.stderr)
+	}
+	var pids []int
+	for _, l := range strings.Split(res.stderr, "\n") {
+		var line struct {
+			Message string `json:"message"`
+			PID     int    `json:"pid"`
+		}
+		if json.Unmarshal([]byte(l), &line) == nil && line.Message == "replica output" && line.PID > 0 {
+			pids = append(pids, line.PID)
+		}
+	}
+	if len(pids) == 0 {
+		t.Fatalf("no replica process started before the error:\n%s", res.stderr)
+	}
+	for _, pid := range pids {
+		if syscall.Kill(pid, 0) == nil {
+			t.Errorf("replica process %d still runs after the proxy failed to start", pid)
+		}
 	}
 }

@@ -26,6 +26,14 @@ func serve(ctx context.Context, stopSignals func(), cfg *config.Config, e config
 	if err != nil {
 		return err
 	}
+	// Until Serve owns them, the deployments (processes started, host
+	// connections open) are stopped on the way out of an error.
+	serving := false
+	defer func() {
+		if !serving {
+			stopDeployments(apps, log)
+		}
+	}()
 	var accessLog io.Writer
 	if e.AccessLog {
 		accessLog = stderr
@@ -61,6 +69,7 @@ func serve(ctx context.Context, stopSignals func(), cfg *config.Config, e config
 	}
 	defer wg.Wait()
 	defer stopDiscovery()
+	serving = true
 	return p.Serve(ctx, public, admin, proxy.ServerOptions{
 		ReadHeaderTimeout: e.ReadHeaderTimeout,
 		KeepAliveTimeout:  cfg.HTTPOptions.KeepAliveTimeout(),
