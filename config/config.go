@@ -141,6 +141,12 @@ type Deployment struct {
 	// replicas of handler "host", as host:port each; each actor's limit is
 	// its host's.
 	Hosts []string `yaml:"hosts"`
+	// HostHandler, for handler "host", is the registered handler kind each
+	// host runs when started from this file (cmd/replica -config FILE
+	// -deployment APP/NAME): NumReplicas actors per host, of
+	// MaxOngoingRequests each, given UserConfig. Empty: the hosts are
+	// configured by their own flags.
+	HostHandler string `yaml:"host_handler"`
 }
 
 // The handler kinds that are not in-process handlers: the proxy forwards

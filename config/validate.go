@@ -208,6 +208,7 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 	only("env", HandlerCommand, d.Env != nil)
 	only("working_dir", HandlerCommand, d.WorkingDir != "")
 	only("hosts", HandlerHost, d.Hosts != nil)
+	only("host_handler", HandlerHost, d.HostHandler != "")
 	if d.Handler != HandlerUpstream && d.Handler != HandlerCommand {
 		if v.wrote(p.child("health_check_path"), d.HealthCheckPath != defaultHealthCheckPath && d.HealthCheckPath != "") {
 			v.report(p.child("health_check_path"), "is only for handlers %q and %q (in-process handlers check their health in Go)", HandlerUpstream, HandlerCommand)
@@ -259,19 +260,25 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 				seen[h] = i
 			}
 		}
-		for _, f := range []struct {
-			field   string
-			changed bool
-		}{
-			{"num_replicas", d.NumReplicas != defaultNumReplicas},
-			{"max_ongoing_requests", d.MaxOngoingRequests != defaultMaxOngoingRequests},
-		} {
-			if v.wrote(p.child(f.field), f.changed) {
-				v.report(p.child(f.field), `is not for handler "host": each host's actors, and their limits, are its own (cmd/replica -replicas, -max-ongoing)`)
+		if d.HostHandler == "" {
+			// Without host_handler, the hosts' own flags say what they run.
+			for _, f := range []struct {
+				field   string
+				changed bool
+			}{
+				{"num_replicas", d.NumReplicas != defaultNumReplicas},
+				{"max_ongoing_requests", d.MaxOngoingRequests != defaultMaxOngoingRequests},
+			} {
+				if v.wrote(p.child(f.field), f.changed) {
+					v.report(p.child(f.field), `is for handler "host" only with host_handler (what each host runs when started from this file); otherwise the hosts' flags set it`)
+				}
+			}
+			if d.UserConfig != nil {
+				v.report(p.child("user_config"), `is for handler "host" only with host_handler; otherwise give it to cmd/replica (-user-config), or PUT it to the running deployment`)
 			}
 		}
-		if d.UserConfig != nil {
-			v.report(p.child("user_config"), `is not for handler "host": give it to cmd/replica (-user-config), or PUT it to the running deployment`)
+		if slices.Contains([]string{HandlerHost, HandlerUpstream, HandlerCommand}, d.HostHandler) {
+			v.report(p.child("host_handler"), "must be an in-process handler kind (static, echo, sleep, or one registered in Go), got %q", d.HostHandler)
 		}
 	case HandlerCommand:
 		if len(d.Command) == 0 || d.Command[0] == "" {

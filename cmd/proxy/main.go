@@ -149,7 +149,13 @@ func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Confi
 			if failed[field+".handler"] || failed[field] {
 				continue // reported already
 			}
-			if d.Handler == config.HandlerUpstream || d.Handler == config.HandlerHost {
+			handlerField, kind := field+".handler", d.Handler
+			switch {
+			case d.Handler == config.HandlerHost && d.HostHandler != "" && !failed[field+".host_handler"]:
+				// What the hosts run from this file: checked here as an
+				// in-process handler is.
+				handlerField, kind = field+".host_handler", d.HostHandler
+			case d.Handler == config.HandlerUpstream || d.Handler == config.HandlerHost:
 				continue // forwarded, not in process: the config checked it
 			}
 			if d.Handler == config.HandlerCommand {
@@ -158,9 +164,9 @@ func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Confi
 				}
 				continue
 			}
-			f, err := reg.Lookup(d.Handler)
+			f, err := reg.Lookup(kind)
 			if err != nil {
-				found = append(found, fieldError(cfg, path, field+".handler", err))
+				found = append(found, fieldError(cfg, path, handlerField, err))
 				continue
 			}
 			if failed[field+".user_config"] {

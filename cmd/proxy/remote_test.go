@@ -573,6 +573,13 @@ func TestRemoteBadInput(t *testing.T) {
       - name: d
         handler: upstream
         discovery: dns://svc.local
+  - name: e
+    route_prefix: /e
+    deployments:
+      - name: e
+        handler: host
+        hosts: ["127.0.0.1:9001"]
+        host_handler: nope
 `)
 	want := []string{
 		`:7: applications[0].deployments[0].upstreams[1]: must be an http:// or https:// URL, got "http//missing-colon"`,
@@ -580,6 +587,7 @@ func TestRemoteBadInput(t *testing.T) {
 		`:13: applications[1].deployments[0].command: program "no-such-server-binary" not found on PATH`,
 		`:19: applications[2].deployments[0].command: program "./relative/missing"`,
 		`:26: applications[3].deployments[0].discovery: must be dns://name:port`,
+		`:33: applications[4].deployments[0].host_handler: unknown handler "nope"`,
 	}
 	for _, args := range [][]string{{"-check", "-config", path}, {"-config", path}} {
 		res := runProxy(t, nil, args...)

@@ -6,6 +6,11 @@
 // Usage:
 //
 //	replica -handler static -replicas 8 -max-ongoing 100 -listen 127.0.0.1:9001 [-user-config '{"body":"hi"}']
+//	replica -config serve.yaml -deployment app/name -listen 127.0.0.1:9001
+//
+// With -config, the proxy's own config file says what the host runs: the
+// deployment (handler: host) gives host_handler, num_replicas (actors per
+// host), max_ongoing_requests, user_config and graceful_shutdown_timeout_s.
 //
 // It applies the same GC settings as the proxy (PROXY_GC_TUNING,
 // PROXY_GC_PERCENT, PROXY_GC_MEMORY_LIMIT; GOGC and GOMEMLIMIT win) and
@@ -72,12 +77,25 @@ func run(ctx context.Context, args []string, env map[string]string, stdout, stde
 	userConfig := fs.String("user-config", "", "the handler's user_config, as `JSON`")
 	name := fs.String("name", "", "begin the actors' ids with `name` (default: the handler kind)")
 	grace := fs.Duration("grace", 20*time.Second, "how long SIGTERM waits for the requests in flight (graceful_shutdown_timeout_s)")
+	configPath := fs.String("config", "", "take the handler, replicas, limit, user_config and grace from this proxy config `file`'s deployment (with -deployment)")
+	deployment := fs.String("deployment", "", "with -config, the `app/name` of a deployment with handler: host and host_handler")
 	if err := fs.Parse(args); err != nil {
 		return exitInvalid
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "replica: unexpected arguments: %v\n", fs.Args())
 		return exitInvalid
+	}
+	if *configPath != "" || *deployment != "" {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		d, err := fromConfig(*configPath, *deployment, set)
+		if err != nil {
+			fmt.Fprintf(stderr, "replica: %v\n", err)
+			return exitInvalid
+		}
+		*handler, *replicas, *maxOngoing, *name = d.HostHandler, d.NumReplicas, d.MaxOngoingRequests, d.Name
+		*userConfig, *grace = string(d.UserConfig), d.GracefulShutdownTimeout()
 	}
 	e, err := config.ReadEnv(env)
 	if err != nil {
@@ -160,4 +178,42 @@ func newLogger(w io.Writer, e config.Env) zerolog.Logger {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
 	}
 	return zerolog.New(w).Level(level).With().Timestamp().Logger()
+}
+
+// fromConfig finds the deployment app/name of the proxy config at path,
+// which must say what its hosts run (handler: host, host_handler). set
+// holds the flags given: those the file gives too are an error, so that
+// nothing is silently overridden.
+func fromConfig(path, appDep string, set map[string]bool) (config.Deployment, error) {
+	if path == "" || appDep == "" {
+		return config.Deployment{}, errors.New("-config and -deployment go together")
+	}
+	for _, f := range []string{"handler", "replicas", "max-ongoing", "user-config", "grace", "name"} {
+		if set[f] {
+			return config.Deployment{}, fmt.Errorf("-%s: not with -config (the file's deployment gives it)", f)
+		}
+	}
+	app, name, ok := strings.Cut(appDep, "/")
+	if !ok || app == "" || name == "" {
+		return config.Deployment{}, fmt.Errorf("-deployment: want app/name, got %q", appDep)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		return config.Deployment{}, fmt.Errorf("-config: %w", err)
+	}
+	for _, a := range cfg.Applications {
+		if a.Name != app {
+			continue
+		}
+		for _, d := range a.Deployments {
+			if d.Name != name {
+				continue
+			}
+			if d.Handler != config.HandlerHost || d.HostHandler == "" {
+				return config.Deployment{}, fmt.Errorf("-deployment %s: in %s it is not handler: host with a host_handler (what the hosts run)", appDep, path)
+			}
+			return d, nil
+		}
+	}
+	return config.Deployment{}, fmt.Errorf("-deployment %s: no such deployment in %s", appDep, path)
 }

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -226,5 +227,74 @@ func TestSIGTERMDrains(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "replica host stopped") {
 		t.Fatalf("stderr: %s", stderr.String())
+	}
+}
+
+// The proxy's own config file says what its hosts run.
+const hostsConfig = `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: host
+        hosts: ["127.0.0.1:9001"]
+        host_handler: static
+        num_replicas: 2
+        max_ongoing_requests: 9
+        user_config: {body: from the file}
+      - name: plain
+        handler: host
+        hosts: ["127.0.0.1:9002"]
+`
+
+func TestRunFromConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "serve.yaml")
+	if err := os.WriteFile(path, []byte(hostsConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stdout := &lineWriter{lines: make(chan string, 10)}
+	var stderr strings.Builder
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, []string{"-config", path, "-deployment", "hi/hi", "-listen", "127.0.0.1:0"},
+			map[string]string{"PROXY_GC_TUNING": "false"}, stdout, &stderr)
+	}()
+	addr := listening(t, stdout.lines)
+	c := connect(t, addr)
+	defer c.Close()
+	rs := c.Replicas()
+	if len(rs) != 2 || rs[1].ID() != addr+"/hi#1" || rs[0].MaxOngoing() != 9 {
+		t.Fatalf("%d replicas, %s, max %d", len(rs), rs[len(rs)-1].ID(), rs[0].MaxOngoing())
+	}
+	if body, err := get(t, c, 0, "/"); err != nil || body != "from the file" {
+		t.Fatalf("%q, %v", body, err)
+	}
+	cancel()
+	select {
+	case got := <-code:
+		if got != exitOK {
+			t.Fatalf("exit %d, stderr %s", got, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("run did not return")
+	}
+
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-config", path}, "-config and -deployment go together"},
+		{[]string{"-config", path, "-deployment", "hi"}, "want app/name"},
+		{[]string{"-config", path, "-deployment", "hi/nope"}, "no such deployment"},
+		{[]string{"-config", path, "-deployment", "hi/plain"}, "not handler: host with a host_handler"},
+		{[]string{"-config", path, "-deployment", "hi/hi", "-replicas", "3"}, "-replicas: not with -config"},
+		{[]string{"-config", "/nonexistent.yaml", "-deployment", "hi/hi"}, "-config:"},
+	} {
+		var stderr strings.Builder
+		if got := run(context.Background(), tt.args, map[string]string{"PROXY_GC_TUNING": "false"}, io.Discard, &stderr); got != exitInvalid || !strings.Contains(stderr.String(), tt.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tt.args, got, stderr.String(), tt.want)
+		}
 	}
 }
