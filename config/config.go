@@ -122,6 +122,11 @@ type Deployment struct {
 	// DiscoveryServer is the DNS server Discovery asks, host:port; the
 	// system's resolvers (/etc/resolv.conf) if empty.
 	DiscoveryServer string `yaml:"discovery_server"`
+	// ReplicaTimeoutS bounds, for the handlers that forward (upstream,
+	// command, host), the wait for a replica to begin its answer once it
+	// has the request, in seconds: past it the answer is 504. 0, the
+	// default, means no bound (the request's own timeout still holds).
+	ReplicaTimeoutS float64 `yaml:"replica_timeout_s"`
 	// HealthCheckPath is the path a replica of handler "upstream" or
 	// "command" answers health checks on, with any 2xx; "/-/healthz" by
 	// default.
@@ -172,6 +177,9 @@ func (d Deployment) HealthCheckPeriod() time.Duration { return seconds(d.HealthC
 
 // HealthCheckTimeout returns HealthCheckTimeoutS as a duration.
 func (d Deployment) HealthCheckTimeout() time.Duration { return seconds(d.HealthCheckTimeoutS) }
+
+// ReplicaTimeout returns ReplicaTimeoutS as a duration; 0 means none.
+func (d Deployment) ReplicaTimeout() time.Duration { return seconds(d.ReplicaTimeoutS) }
 
 // DiscoveryInterval returns DiscoveryIntervalS as a duration.
 func (d Deployment) DiscoveryInterval() time.Duration { return seconds(d.DiscoveryIntervalS) }

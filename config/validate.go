@@ -188,6 +188,7 @@ func (v *validator) deployment(d *Deployment, p fieldPath) {
 		v.report(p.child("health_check_path"), `must start with "/", got %q`, d.HealthCheckPath)
 	}
 	v.seconds(p.child("discovery_interval_s"), d.DiscoveryIntervalS, false)
+	v.seconds(p.child("replica_timeout_s"), d.ReplicaTimeoutS, true)
 	v.handlerKind(d, p)
 }
 
@@ -209,6 +210,9 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 	only("working_dir", HandlerCommand, d.WorkingDir != "")
 	only("hosts", HandlerHost, d.Hosts != nil)
 	only("host_handler", HandlerHost, d.HostHandler != "")
+	if d.Handler != HandlerUpstream && d.Handler != HandlerCommand && d.Handler != HandlerHost && d.ReplicaTimeoutS != 0 {
+		v.report(p.child("replica_timeout_s"), "is only for the handlers that forward (upstream, command, host); in process, request_timeout_s bounds a request")
+	}
 	if d.Handler != HandlerUpstream && d.Handler != HandlerCommand {
 		if v.wrote(p.child("health_check_path"), d.HealthCheckPath != defaultHealthCheckPath && d.HealthCheckPath != "") {
 			v.report(p.child("health_check_path"), "is only for handlers %q and %q (in-process handlers check their health in Go)", HandlerUpstream, HandlerCommand)

@@ -120,6 +120,8 @@ func TestParseErrors(t *testing.T) {
 		{"host duplicate", kindDeployment("host", "        hosts: [\"a:1\", \"a:1\"]\n"), "applications[0].deployments[0].hosts[1]", 6, "duplicate host"},
 		{"host max_ongoing", kindDeployment("host", "        hosts: [\"a:1\"]\n        max_ongoing_requests: 9\n"), "applications[0].deployments[0].max_ongoing_requests", 7, "only with host_handler"},
 		{"host_handler remote", kindDeployment("host", "        hosts: [\"a:1\"]\n        host_handler: command\n"), "applications[0].deployments[0].host_handler", 7, "must be an in-process handler kind"},
+		{"replica_timeout_s on echo", withDeployment("        replica_timeout_s: 5\n"), "applications[0].deployments[0].replica_timeout_s", 6, "only for the handlers that forward"},
+		{"replica_timeout_s negative", kindDeployment("upstream", "        upstreams: [http://a:1]\n        replica_timeout_s: -1\n"), "applications[0].deployments[0].replica_timeout_s", 7, "must be >= 0"},
 		{"host_handler on echo", withDeployment("        host_handler: static\n"), "applications[0].deployments[0].host_handler", 6, `is only for handler "host"`},
 		{"hosts on echo", withDeployment("        hosts: [\"a:1\"]\n"), "applications[0].deployments[0].hosts", 6, `is only for handler "host"`},
 		{"upstream without upstreams", kindDeployment("upstream", ""), "applications[0].deployments[0].upstreams", 4, `needs upstreams (a list of URLs) or discovery`},

@@ -104,8 +104,11 @@ func upstreamOptions(d config.Deployment, e config.Env) replica.UpstreamOptions 
 	health := replica.NewTransport(replica.TransportOptions{})
 	health.DisableKeepAlives = true
 	return replica.UpstreamOptions{
-		MaxOngoing:      d.MaxOngoingRequests,
-		Transport:       replica.NewUpstreamClient(replica.TransportOptions{MaxConnsPerReplica: d.MaxOngoingRequests}),
+		MaxOngoing: d.MaxOngoingRequests,
+		Transport: replica.NewUpstreamClient(replica.TransportOptions{
+			MaxConnsPerReplica:    d.MaxOngoingRequests,
+			ResponseHeaderTimeout: d.ReplicaTimeout(),
+		}),
 		HealthPath:      d.HealthCheckPath,
 		HealthTransport: health,
 		TrustedProxies:  e.TrustedProxies,
@@ -179,10 +182,11 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 		ctx, cancel := context.WithTimeout(context.Background(), hostConnectTimeout)
 		defer cancel()
 		hc, err := replica.ConnectHost(ctx, addr, replica.HostOptions{
-			OnRelease:      onRelease,
-			TrustedProxies: e.TrustedProxies,
-			Via:            e.Via,
-			Log:            log.With().Str("deployment", d.Name).Logger(),
+			OnRelease:             onRelease,
+			ResponseHeaderTimeout: d.ReplicaTimeout(),
+			TrustedProxies:        e.TrustedProxies,
+			Via:                   e.Via,
+			Log:                   log.With().Str("deployment", d.Name).Logger(),
 		})
 		if err != nil {
 			return nil, err

@@ -724,3 +724,52 @@ func TestReplicaHostDownAtStart(t *testing.T) {
 		}
 	}
 }
+
+func TestReplicaTimeout504(t *testing.T) {
+	hang, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held sync.WaitGroup
+	stopHang := make(chan struct{})
+	go func() {
+		for {
+			c, err := hang.Accept()
+			if err != nil {
+				return
+			}
+			held.Go(func() {
+				// Answer health checks; take requests and never answer.
+				b := make([]byte, 4096)
+				n, _ := c.Read(b)
+				if strings.HasPrefix(string(b[:n]), "GET /-/healthz") {
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+					c.Close()
+					return
+				}
+				<-stopHang
+				c.Close()
+			})
+		}
+	}()
+	t.Cleanup(func() { hang.Close(); close(stopHang); held.Wait() })
+	path := writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: upstream
+        upstreams: ["http://`+hang.Addr().String()+`"]
+        replica_timeout_s: 0.5
+`)
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 2)
+	start := time.Now()
+	r := get(t, c, "http://"+p.HTTPAddr+"/")
+	if r.status != http.StatusGatewayTimeout || !strings.Contains(r.body, "did not answer in time") {
+		t.Fatalf("a replica that never answers, replica_timeout_s 0.5: %d %q, want 504", r.status, r.body)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("the 504 took %v", took)
+	}
+}
