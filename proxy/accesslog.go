@@ -170,7 +170,7 @@ func (w *asyncWriter) loop() {
 		case <-w.stop:
 			w.mu.Lock()
 			w.closed = true
-			if w.cur != nil && len(w.cur) > 0 {
+			if len(w.cur) > 0 {
 				w.full <- w.cur
 			}
 			w.cur = nil

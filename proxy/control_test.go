@@ -88,8 +88,6 @@ func (l *load) stop() (int64, string) {
 	return l.failed.Load(), first
 }
 
-func anyBody(string) bool { return true }
-
 func getApplications(t *testing.T, tp *testProxy) applicationsStatus {
 	t.Helper()
 	resp, body := get(t, tp.adminURL+"/-/applications")

@@ -121,7 +121,7 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 
 // logLines logs each line read from r, until EOF.
 func logLines(log *zerolog.Logger, stream string, r io.Reader) {
-	br := bufio.NewReaderSize(r, 4096)
+	br := bufio.NewReaderSize(r, maxLogLine)
 	for {
 		line, err := br.ReadSlice('\n')
 		cut := errors.Is(err, bufio.ErrBufferFull)
