@@ -24,6 +24,11 @@ type ServerOptions struct {
 	// OnShutdown, if not nil, is called when the graceful shutdown begins
 	// (the binary uses it to let a second signal kill the process).
 	OnShutdown func()
+	// OnDrained, if not nil, is called once the requests in flight are
+	// done, before the replicas stop (the binary ends DNS discovery there,
+	// which kept the replica set current while requests were still
+	// served).
+	OnDrained func()
 }
 
 // Serve starts the proxy's deployments, serves the public handler on public
@@ -86,6 +91,9 @@ func (p *Proxy) Serve(ctx context.Context, public, admin net.Listener, so Server
 	if err := pub.Shutdown(sctx); err != nil {
 		p.opts.Log.Warn().Err(err).Msg("requests still running at the graceful shutdown timeout; closing their connections")
 		errs = append(errs, fmt.Errorf("graceful shutdown: %w", err), pub.Close())
+	}
+	if so.OnDrained != nil {
+		so.OnDrained()
 	}
 	// Requests that used all of the grace period do not cost replica
 	// processes their SIGTERM: Stop gives those their own grace.

@@ -61,8 +61,9 @@ func serve(ctx context.Context, stopSignals func(), cfg *config.Config, e config
 		return fmt.Errorf("admin listener (PROXY_ADMIN_ADDR): %w", err)
 	}
 	// Discovery feeds the upstream deployments' replica sets until the
-	// proxy stops taking requests; SetTargets after Stop does nothing.
-	dctx, stopDiscovery := context.WithCancel(ctx)
+	// requests in flight are done (OnDrained), not just until the signal:
+	// the drain delay and the grace period still serve.
+	dctx, stopDiscovery := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	for _, run := range discoveries {
 		wg.Go(func() { run(dctx) })
@@ -77,5 +78,6 @@ func serve(ctx context.Context, stopSignals func(), cfg *config.Config, e config
 		DrainDelay:        e.DrainDelay,
 		// A second SIGTERM or SIGINT during the grace period kills at once.
 		OnShutdown: stopSignals,
+		OnDrained:  stopDiscovery,
 	})
 }
