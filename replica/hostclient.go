@@ -869,6 +869,16 @@ func (r *hostReplica) Host() string { return r.hc.addr }
 // Batcher implements HostActor.
 func (r *hostReplica) Batcher() HostBatcher { return r.hc }
 
+// TryAcquire implements Handle: the actor's slots, and none while its
+// host is unreachable, so that the router sends nothing to a host that is
+// down (a whole host's actors at once) instead of one retry per actor.
+func (r *hostReplica) TryAcquire() (func(), bool) {
+	if !r.hc.Connected() {
+		return nil, false
+	}
+	return r.slots.TryAcquire()
+}
+
 // Call implements Actor: a control call for this actor alone (a Broadcast
 // batches the host's actors instead).
 func (r *hostReplica) Call(ctx context.Context, method string, payload []byte) ([]byte, error) {
