@@ -429,24 +429,43 @@ func TestDiscoveryFollowsDNS(t *testing.T) {
 	}
 }
 
-func TestHangingUpstream(t *testing.T) {
-	// A replica that accepts and never answers, beside a good one.
+// startHanging listens on loopback and never answers a request; with
+// healthy, it answers GET /-/healthz with 200. It stops at cleanup.
+func startHanging(t *testing.T, healthy bool) net.Listener {
+	t.Helper()
 	hang, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var held sync.WaitGroup
-	stopHang := make(chan struct{})
+	stop := make(chan struct{})
 	go func() {
 		for {
 			c, err := hang.Accept()
 			if err != nil {
 				return
 			}
-			held.Go(func() { <-stopHang; c.Close() })
+			held.Go(func() {
+				defer c.Close()
+				if healthy {
+					b := make([]byte, 4096)
+					n, _ := c.Read(b)
+					if strings.HasPrefix(string(b[:n]), "GET /-/healthz") {
+						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+						return
+					}
+				}
+				<-stop
+			})
 		}
 	}()
-	t.Cleanup(func() { hang.Close(); close(stopHang); held.Wait() })
+	t.Cleanup(func() { hang.Close(); close(stop); held.Wait() })
+	return hang
+}
+
+func TestHangingUpstream(t *testing.T) {
+	// A replica that accepts and never answers, beside a good one.
+	hang := startHanging(t, false)
 	good := startHi(t)
 	path := writeConfig(t, `http_options: {request_timeout_s: 1}
 applications:
@@ -726,33 +745,7 @@ func TestReplicaHostDownAtStart(t *testing.T) {
 }
 
 func TestReplicaTimeout504(t *testing.T) {
-	hang, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var held sync.WaitGroup
-	stopHang := make(chan struct{})
-	go func() {
-		for {
-			c, err := hang.Accept()
-			if err != nil {
-				return
-			}
-			held.Go(func() {
-				// Answer health checks; take requests and never answer.
-				b := make([]byte, 4096)
-				n, _ := c.Read(b)
-				if strings.HasPrefix(string(b[:n]), "GET /-/healthz") {
-					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-					c.Close()
-					return
-				}
-				<-stopHang
-				c.Close()
-			})
-		}
-	}()
-	t.Cleanup(func() { hang.Close(); close(stopHang); held.Wait() })
+	hang := startHanging(t, true)
 	path := writeConfig(t, `applications:
   - name: hi
     route_prefix: /
