@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"maps"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -91,6 +92,45 @@ type replicaObservers struct {
 type routeMetrics struct {
 	http     observerCache[httpKey, *httpObservers]
 	replicas observerCache[string, *replicaObservers]
+	// forget deletes a replica's series from the deployment metrics.
+	forget func(replicaID string)
+
+	// pruneMu guards missing.
+	pruneMu sync.Mutex
+	// missing holds the replicas with series that the last scrape found
+	// gone from the deployment.
+	missing map[string]bool
+}
+
+// pruneReplicas deletes the series of replicas that have left the
+// deployment (replaced, scaled down, gone from DNS), so that churn does not
+// grow the metrics without bound, as a Serve replica's metrics leave with
+// its actor. live reports whether a replica is still a member. A replica's
+// series are deleted at the second scrape that finds it gone, so that one
+// scrape at least sees its final counts; a request still finishing on it
+// after that makes them anew, and they go again.
+func (rm *routeMetrics) pruneReplicas(live func(replicaID string) bool) {
+	rm.pruneMu.Lock()
+	defer rm.pruneMu.Unlock()
+	var gone []string
+	next := make(map[string]bool)
+	for _, id := range rm.replicas.keys() {
+		switch {
+		case live(id):
+		case rm.missing[id]:
+			gone = append(gone, id)
+		default:
+			next[id] = true
+		}
+	}
+	rm.missing = next
+	if len(gone) == 0 {
+		return
+	}
+	rm.replicas.delete(gone)
+	for _, id := range gone {
+		rm.forget(id)
+	}
 }
 
 func (m *metrics) forRoute(route, app, deployment string) *routeMetrics {
@@ -110,6 +150,10 @@ func (m *metrics) forRoute(route, app, deployment string) *routeMetrics {
 			errors:  m.depErrors.WithLabelValues(app, deployment, replicaID, route),
 			latency: m.depLatency.WithLabelValues(app, deployment, replicaID, route),
 		}
+	}
+	rm.forget = func(replicaID string) {
+		m.depErrors.DeleteLabelValues(app, deployment, replicaID, route)
+		m.depLatency.DeleteLabelValues(app, deployment, replicaID, route)
 	}
 	return rm
 }
@@ -147,6 +191,34 @@ func (c *observerCache[K, V]) get(k K) V {
 	next[k] = v
 	c.m.Store(&next)
 	return v
+}
+
+// keys returns the keys cached now.
+func (c *observerCache[K, V]) keys() []K {
+	m := c.m.Load()
+	if m == nil {
+		return nil
+	}
+	ks := make([]K, 0, len(*m))
+	for k := range *m {
+		ks = append(ks, k)
+	}
+	return ks
+}
+
+// delete drops ks from the cache.
+func (c *observerCache[K, V]) delete(ks []K) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := c.m.Load()
+	if old == nil {
+		return
+	}
+	next := maps.Clone(*old)
+	for _, k := range ks {
+		delete(next, k)
+	}
+	c.m.Store(&next)
 }
 
 // methodLabel bounds the method label's values: any other method is
@@ -244,6 +316,13 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
 		stats := d.Stats(ctx)
 		cancel()
+		if rm := d.replicaMetrics; rm != nil {
+			ids := make(map[string]bool, len(stats))
+			for _, s := range stats {
+				ids[s.ID] = true
+			}
+			rm.pruneReplicas(func(id string) bool { return ids[id] })
+		}
 		for _, s := range stats {
 			healthy := 0.0
 			if s.Healthy {

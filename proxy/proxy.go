@@ -28,7 +28,10 @@ type Deployment struct {
 	*replica.Deployment
 	Scheduler *router.Scheduler
 	route     string // the route prefix it is the ingress of; "" if none
-	maxQueued int    // max_queued_requests; < 0 means no limit
+	// replicaMetrics are its route's per-replica metrics, pruned at scrape
+	// time; nil if it is no route's ingress.
+	replicaMetrics *routeMetrics
+	maxQueued      int // max_queued_requests; < 0 means no limit
 }
 
 // NewDeployment builds a deployment's replicas and its scheduler, wired so
@@ -164,6 +167,7 @@ func New(opts Options) (*Proxy, error) {
 		for _, d := range p.deployments {
 			if d.Scheduler == r.Scheduler {
 				rs.deployment = d
+				d.replicaMetrics = rs.metrics
 			}
 		}
 		p.routeMeta[r] = rs

@@ -655,3 +655,58 @@ func TestFullDuplexWithTimeout(t *testing.T) {
 		t.Fatalf("full duplex behind a request timeout: %d, %d bytes back (%q...)", resp.StatusCode, len(b), string(b[:min(len(b), 80)]))
 	}
 }
+
+// TestMetricsOfGoneReplicasPruned checks that a replica scaled away takes
+// its per-replica series with it, so that replica churn cannot grow
+// /metrics without bound, and that a scrape still sees its final counts.
+func TestMetricsOfGoneReplicasPruned(t *testing.T) {
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/a", factory: static("hi"), replicas: 2})
+	dep := tp.Deployments()[0]
+	ids := map[string]bool{}
+	for i := 0; i < 200 && len(ids) < 2; i++ { // power of two spreads them
+		get(t, tp.url+"/a")
+		_, m := get(t, tp.adminURL+"/metrics")
+		for _, r := range dep.Replicas() {
+			if strings.Contains(m, `serve_deployment_processing_latency_ms_count{application="a",deployment="a-dep",replica="`+r.ID()+`"`) {
+				ids[r.ID()] = true
+			}
+		}
+	}
+	if len(ids) < 2 {
+		t.Fatalf("200 requests reached %d of 2 replicas", len(ids))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := dep.Scale(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	kept := dep.Replicas()[0].ID()
+	var gone string
+	for id := range ids {
+		if id != kept {
+			gone = id
+		}
+	}
+	series := func(id string) string {
+		return `serve_deployment_processing_latency_ms_count{application="a",deployment="a-dep",replica="` + id + `",route="/a"}`
+	}
+	_, first := get(t, tp.adminURL+"/metrics")
+	if !strings.Contains(first, series(gone)) {
+		t.Errorf("the first scrape after scaling down lacks the gone replica's final counts")
+	}
+	// It leaves the pool once drained; from then on, the second scrape
+	// deletes its series. Bounded: 50 scrapes.
+	var m string
+	for range 50 {
+		if _, m = get(t, tp.adminURL+"/metrics"); !strings.Contains(m, series(gone)) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if strings.Contains(m, series(gone)) {
+		t.Errorf("50 scrapes later, the metrics still have the series of replica %s, which left", gone)
+	}
+	if !strings.Contains(m, series(kept)) {
+		t.Errorf("the series of replica %s, still serving, went too", kept)
+	}
+}
