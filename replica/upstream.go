@@ -187,11 +187,14 @@ func (u *Upstream) ID() string { return u.id }
 func (u *Upstream) URL() string { return u.base.String() }
 
 // Close closes the idle connections of the transports the Upstream built
-// for itself (not those given in UpstreamOptions). In-flight requests are
-// not cut.
+// for itself, and its connections in an UpstreamClient given in
+// UpstreamOptions (other given transports are left alone). In-flight
+// requests are not cut.
 func (u *Upstream) Close() {
 	if u.ownedRT != nil {
 		u.ownedRT.CloseIdleConnections()
+	} else if c, ok := u.rt.(*UpstreamClient); ok {
+		c.forgetReplica(u.base)
 	}
 	if u.ownedHealth != nil {
 		u.ownedHealth.CloseIdleConnections()

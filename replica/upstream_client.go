@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -99,6 +100,26 @@ func (c *UpstreamClient) CloseIdleConnections() {
 	for _, p := range pools {
 		p.closeIdle(func(*clientConn) bool { return true })
 	}
+}
+
+// forgetReplica closes the idle connections to the replica at base and
+// drops its pool, so that a deployment whose replicas come and go (DNS
+// discovery, restarted processes) does not keep a pool per address it
+// ever had. Connections still in use are closed when their request ends;
+// a later request to the same address makes a new pool.
+func (c *UpstreamClient) forgetReplica(base *url.URL) {
+	k := poolKey{host: base.Host, tls: base.Scheme == "https"}
+	c.mu.Lock()
+	p := c.pools[k]
+	delete(c.pools, k)
+	c.mu.Unlock()
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.retired = true
+	p.mu.Unlock()
+	p.closeIdle(func(*clientConn) bool { return true })
 }
 
 // Limits of the response head, as net/http's transport has them.
@@ -210,6 +231,9 @@ type connPool struct {
 	freed chan struct{} // closed when a connection is freed, made when someone waits
 	sweep *time.Timer   // closes connections idle too long; nil until needed
 	armed bool          // sweep is scheduled
+	// retired is set when the client forgot the replica: connections are
+	// closed instead of kept idle.
+	retired bool
 }
 
 func newConnPool(c *UpstreamClient, k poolKey) *connPool {
@@ -281,7 +305,7 @@ func (p *connPool) get(ctx context.Context, fresh bool) (cc *clientConn, reused 
 func (p *connPool) put(cc *clientConn) {
 	cc.idleAt = time.Now()
 	p.mu.Lock()
-	if len(p.idle) >= p.c.maxIdle {
+	if len(p.idle) >= p.c.maxIdle || p.retired {
 		p.mu.Unlock()
 		cc.close()
 		return

@@ -544,3 +544,79 @@ func FuzzUpstreamClientResponse(f *testing.F) {
 		}
 	})
 }
+
+// TestUpstreamClientForgetsGoneReplicas checks that an Upstream closed
+// (its replica left the deployment) takes its pool out of the shared
+// client: idle connections closed at once, one in use closed when its
+// request ends, and nothing kept per address once gone.
+func TestUpstreamClientForgetsGoneReplicas(t *testing.T) {
+	leakCheck(t)
+	var closedConns atomic.Int64
+	release := make(chan struct{})
+	backend := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-release
+		}
+	}))
+	backend.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateClosed {
+			closedConns.Add(1)
+		}
+	}
+	backend.Start()
+	t.Cleanup(backend.Close)
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // before backend.Close, which waits for handlers
+	c := newClient(t, TransportOptions{})
+	u, err := NewUpstream("u1", backend.URL, UpstreamOptions{MaxOngoing: 4, Transport: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, backend.URL+"/slow", nil)
+		res, err := c.RoundTrip(req)
+		if err == nil {
+			_, err = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+		}
+		slow <- err
+	}()
+	openConns := func() (open, idle int) {
+		c.mu.RLock()
+		p := c.pools[poolKey{host: strings.TrimPrefix(backend.URL, "http://")}]
+		c.mu.RUnlock()
+		if p == nil {
+			return 0, 0
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.open, len(p.idle)
+	}
+	eventually(t, "the slow request on its connection", func() bool {
+		open, _ := openConns()
+		return open == 1
+	})
+	// A second request while the first holds its connection: a second
+	// connection, idle after it.
+	if _, _, err := clientGet(t, c, http.MethodGet, backend.URL); err != nil {
+		t.Fatal(err)
+	}
+	if open, idle := openConns(); open != 2 || idle != 1 {
+		t.Fatalf("%d connections open, %d idle; want 2 and 1", open, idle)
+	}
+	u.Close()
+	c.mu.RLock()
+	n := len(c.pools)
+	c.mu.RUnlock()
+	if n != 0 {
+		t.Errorf("the client keeps %d pools after its only replica left", n)
+	}
+	eventually(t, "the idle connection closed", func() bool { return closedConns.Load() == 1 })
+	unblock()
+	if err := <-slow; err != nil {
+		t.Fatalf("the request in flight failed: %v", err)
+	}
+	eventually(t, "the connection in use closed after its request", func() bool { return closedConns.Load() == 2 })
+}
