@@ -52,6 +52,12 @@ type State struct {
 	MemoryLimitBytes  int64  `json:"memory_limit_bytes"`
 	MemoryLimit       string `json:"memory_limit"`
 	MemoryLimitSource string `json:"memory_limit_source"`
+	// MemoryLimitRatio is the share of the memory available (the cgroup's
+	// limit, else the system's) that the limit was resolved from; 0 for a
+	// fixed limit or none. A replica host that set_gc reaches on another
+	// machine resolves the ratio against its own memory, not the proxy's
+	// bytes.
+	MemoryLimitRatio float64 `json:"memory_limit_ratio,omitempty"`
 	// Note says how a ratio was resolved (cgroup or system memory), or
 	// why a setting was not applied.
 	Note string `json:"note,omitempty"`
@@ -103,6 +109,7 @@ func (t *Tuner) apply(e config.Env, environ map[string]string) error {
 				return fmt.Errorf("PROXY_GC_MEMORY_LIMIT=%s: %w", e.GCMemoryLimit, err)
 			}
 			limit, s.Note = bytes, note
+			s.MemoryLimitRatio = e.GCMemoryLimit.Ratio
 			s.MemoryLimitSource = sourceOf(environ, "PROXY_GC_MEMORY_LIMIT")
 		}
 		if (percent < 0 || percent > 100) && limit == noLimit && s.PercentSource == SourceDefault {
@@ -236,6 +243,7 @@ func (t *Tuner) Set(u Update) (State, error) {
 	}
 	if u.MemoryLimit != nil {
 		s.setLimit(limit)
+		s.MemoryLimitRatio = u.MemoryLimit.Ratio
 		s.MemoryLimitSource, s.Note = SourceRuntime, note
 	}
 	s.Tuning = true

@@ -136,6 +136,17 @@ func TestSet(t *testing.T) {
 	if s.PercentSource != SourceRuntime || s.MemoryLimitSource != SourceRuntime {
 		t.Fatalf("sources = %q %q", s.PercentSource, s.MemoryLimitSource)
 	}
+	if s.MemoryLimitRatio != 0 {
+		t.Fatalf("a fixed limit has ratio %v, want 0", s.MemoryLimitRatio)
+	}
+	// A ratio is kept beside its bytes, for set_gc to pass on.
+	half := config.MemoryLimit{Ratio: 0.5}
+	if s, err = tu.Set(Update{MemoryLimit: &half}); err != nil || s.MemoryLimitRatio != 0.5 || s.MemoryLimitBytes != 2*gib {
+		t.Fatalf("Set ratio 0.5 of 4GiB: %+v, %v", s, err)
+	}
+	if s, err = tu.Set(Update{MemoryLimit: &l}); err != nil || s.MemoryLimitRatio != 0 {
+		t.Fatalf("a fixed limit after a ratio: %+v, %v", s, err)
+	}
 	// A high GOGC with no limit is refused, and nothing changes.
 	off, none := config.GCOff, config.MemoryLimit{}
 	if _, err := tu.Set(Update{Percent: &off, MemoryLimit: &none}); err == nil {

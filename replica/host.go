@@ -348,7 +348,9 @@ func (h *Host) handshake(nc net.Conn) (*hostSession, error) {
 }
 
 // setGC applies a set_gc payload, the proxy's gctune.State as JSON, to
-// this process.
+// this process. A limit the proxy resolved from a ratio is resolved again
+// here, against this machine's memory: the proxy's bytes could be more
+// than this host has, and a high GOGC would then have no bound.
 func (h *Host) setGC(payload []byte) error {
 	var st gctune.State
 	if err := json.Unmarshal(payload, &st); err != nil {
@@ -356,6 +358,12 @@ func (h *Host) setGC(payload []byte) error {
 	}
 	percent := config.GCPercent(st.Percent)
 	limit := config.MemoryLimit{Bytes: config.ByteSize(max(st.MemoryLimitBytes, 0))}
+	switch r := st.MemoryLimitRatio; {
+	case r > 0 && r <= 1:
+		limit = config.MemoryLimit{Ratio: r}
+	case r != 0:
+		return fmt.Errorf("set_gc: memory_limit_ratio must be in (0, 1], got %v", r)
+	}
 	s, err := h.gc.Set(gctune.Update{Percent: &percent, MemoryLimit: &limit})
 	if err != nil {
 		return fmt.Errorf("set_gc: %w", err)

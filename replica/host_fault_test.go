@@ -370,6 +370,20 @@ func TestHostControl(t *testing.T) {
 		if got := debug.SetGCPercent(250); got != 250 || debug.SetMemoryLimit(-1) != 1<<30 {
 			t.Fatalf("GOGC %d after set_gc, want 250 and a 1GiB limit", got)
 		}
+		// A ratio is resolved against the host's own memory, not the
+		// proxy's bytes (here far more than this machine has).
+		st, _ = json.Marshal(gctune.State{Percent: 250, MemoryLimitBytes: 1 << 50, MemoryLimitRatio: 0.5})
+		for _, res := range p.Broadcast(ctx, Call{Method: MethodSetGC, Payload: st}) {
+			if res.Err != nil {
+				t.Fatalf("set_gc with a ratio: %v", res.Err)
+			}
+		}
+		if got := debug.SetMemoryLimit(-1); got <= 0 || got >= 1<<50 {
+			t.Fatalf("memory limit %d after set_gc with ratio 0.5, want half of this machine's memory", got)
+		}
+		if s := h.gc.State(); s.MemoryLimitRatio != 0.5 || !strings.Contains(s.Note, "0.5 of") {
+			t.Fatalf("the host's GC state after a ratio: %+v", s)
+		}
 		st, _ = json.Marshal(gctune.State{Percent: -1})
 		for _, res := range p.Broadcast(ctx, Call{Method: MethodSetGC, Payload: st}) {
 			if res.Err == nil || !strings.Contains(res.Err.Error(), "without bound") {
