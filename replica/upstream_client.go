@@ -395,8 +395,14 @@ func (p *connPool) dial(ctx context.Context) (*clientConn, error) {
 		conn = tc
 	}
 	cc.conn = conn
-	cc.br = bufio.NewReaderSize(conn, 4<<10)
-	cc.bw = bufio.NewWriterSize(conn, 4<<10)
+	var r io.Reader = conn
+	var w io.Writer = conn
+	if cc.raw != nil && p.tlsCfg == nil && sendThenReadSupported {
+		cc.io = &connIO{cc: cc}
+		r, w = cc.io, cc.io
+	}
+	cc.br = bufio.NewReaderSize(r, 4<<10)
+	cc.bw = bufio.NewWriterSize(w, 4<<10)
 	cc.abort = func() { _ = conn.Close() }
 	cc.peek = cc.peekFD
 	return cc, nil
@@ -409,6 +415,7 @@ type clientConn struct {
 	pool   *connPool
 	conn   net.Conn
 	raw    syscall.RawConn // the TCP socket, for alive; nil if none
+	io     *connIO         // under br and bw for plain TCP; nil for TLS
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	idleAt time.Time   // when it was last put in the pool
@@ -471,7 +478,7 @@ func (cc *clientConn) roundTrip(req *http.Request) (res *http.Response, answered
 	if hasBody {
 		wrote = make(chan error, 1)
 		go cc.writeBody(req, chunked, wrote)
-	} else if err := cc.bw.Flush(); err != nil {
+	} else if err := cc.flushHead(); err != nil {
 		return fail(err)
 	}
 
