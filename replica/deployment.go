@@ -106,6 +106,8 @@ type Deployment struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	wake   chan struct{} // asks the starter for missing replicas; buffered
+	// checkNow asks the health loop for a round at once; buffered.
+	checkNow chan struct{}
 }
 
 // NewDeployment builds the deployment's replicas: spec.NumReplicas from
@@ -117,7 +119,8 @@ func NewDeployment(spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
 	d := &Deployment{
 		spec: spec, hooks: hooks,
 		failures: make(map[Replica]int), excluded: make(map[Replica]bool), targets: make(map[Replica]string),
-		wake: make(chan struct{}, 1),
+		wake:     make(chan struct{}, 1),
+		checkNow: make(chan struct{}, 1),
 	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	switch {

@@ -19,7 +19,20 @@ func (d *Deployment) healthLoop(ctx context.Context) {
 		case <-t.C:
 			d.checkHealth(ctx)
 			d.kick() // and retry starts that failed
+		case <-d.checkNow:
+			d.checkHealth(ctx)
 		}
+	}
+}
+
+// CheckHealthNow asks for a round of health checks at once rather than at
+// the next period, so that replicas back from an outage (a replica host
+// reconnected) take requests again as soon as they pass. It does not wait
+// for the round.
+func (d *Deployment) CheckHealthNow() {
+	select {
+	case d.checkNow <- struct{}{}:
+	default: // one is asked for already
 	}
 }
 

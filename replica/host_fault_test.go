@@ -78,7 +78,8 @@ func TestHostKilled(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- h.Serve(l) }()
 	logs := &syncBuffer{}
-	c := connect(t, addr, HostOptions{Log: zerolog.New(logs)})
+	reach := make(chan bool, 4)
+	c := connect(t, addr, HostOptions{Log: zerolog.New(logs), OnReachability: func(_ *HostConn, up bool) { reach <- up }})
 	r := c.Replicas()[1]
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -106,6 +107,9 @@ func TestHostKilled(t *testing.T) {
 		}
 	}
 	eventually(t, "the proxy sees the host gone", func() bool { return !c.Connected() })
+	if up := <-reach; up {
+		t.Fatal("OnReachability said up when the host went")
+	}
 	// While it is down, its actors take no request: the router sends
 	// them elsewhere without trying.
 	if release, ok := r.TryAcquire(); ok {
@@ -135,6 +139,12 @@ func TestHostKilled(t *testing.T) {
 	}
 	serveHost(t, cfg, l2)
 	eventually(t, "the proxy reconnects", c.Connected)
+	if up := <-reach; !up {
+		t.Fatal("OnReachability said down when the host came back")
+	}
+	if len(reach) != 0 {
+		t.Fatalf("OnReachability told %d more times, want once each way", len(reach))
+	}
 	if w, err := serveOn(t, r, httptest.NewRequest(http.MethodGet, "/", nil)); err != nil || w.body.String() != "ok" {
 		t.Fatalf("after the host came back: %q, %v", w.body.String(), err)
 	}

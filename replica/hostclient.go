@@ -46,6 +46,13 @@ type HostOptions struct {
 	// Log receives connection losses and reconnections. The zero Logger
 	// logs nothing.
 	Log zerolog.Logger
+	// OnReachability, if not nil, is called when the last connection to
+	// the host is lost (up false) and when one is made again (up true),
+	// from the goroutine that redials. The deployment takes the host's
+	// actors out of routing at once, so that no request waits in the
+	// queue for a host that is gone (503 when no replica is left), and
+	// checks their health as soon as the host is back.
+	OnReachability func(c *HostConn, up bool)
 }
 
 // Reconnection backoff, and the dial and handshake's default timeout.
@@ -78,6 +85,7 @@ type HostConn struct {
 	wg        sync.WaitGroup // the connections' readers and writers
 	closeOnce sync.Once
 	stopped   atomic.Int32 // replicas stopped; the last one closes the HostConn
+	down      atomic.Bool  // every connection is lost (OnReachability told)
 
 	// mu guards lastErr.
 	mu      sync.Mutex
@@ -333,8 +341,14 @@ func (c *HostConn) reconnect(i int) {
 		case <-c.ctx.Done():
 			return
 		}
+		if c.ctx.Err() != nil {
+			return // closed: no outage to report
+		}
 		err := cc.cause()
 		c.o.Log.Warn().Str("host", c.addr).Err(err).Msg("replica host connection lost; reconnecting")
+		if !c.Connected() && c.down.CompareAndSwap(false, true) && c.o.OnReachability != nil {
+			c.o.OnReachability(c, false)
+		}
 		backoff := reconnectMin
 		for {
 			t := time.NewTimer(backoff)
@@ -355,6 +369,9 @@ func (c *HostConn) reconnect(i int) {
 			c.links[i].Store(ncc)
 			c.start(ncc)
 			c.o.Log.Info().Str("host", c.addr).Msg("replica host reconnected")
+			if c.down.CompareAndSwap(true, false) && c.o.OnReachability != nil {
+				c.o.OnReachability(c, true)
+			}
 			break
 		}
 	}

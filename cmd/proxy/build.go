@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -51,6 +52,9 @@ func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.
 				dep  *proxy.Deployment // set below, before discovery runs
 				disc *replica.Discovery
 				err  error
+				// hostDep is dep for the replica hosts' connections,
+				// which may lose their host before dep is set.
+				hostDep atomic.Pointer[proxy.Deployment]
 			)
 			switch d.Handler {
 			case config.HandlerUpstream:
@@ -62,7 +66,7 @@ func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.
 			case config.HandlerCommand:
 				commandSpec(&spec, d, e, log)
 			case config.HandlerHost:
-				hostSpec(&spec, d, e, log)
+				hostSpec(&spec, d, e, log, &hostDep)
 			default:
 				spec.Factory, err = reg.Lookup(d.Handler)
 			}
@@ -72,6 +76,7 @@ func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.
 			if dep, err = proxy.NewDeployment(spec, d.MaxQueuedRequests, log); err != nil {
 				return nil, nil, err
 			}
+			hostDep.Store(dep)
 			if disc != nil {
 				discoveries = append(discoveries, disc.Run)
 			}
@@ -175,8 +180,11 @@ func commandSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env
 const hostConnectTimeout = 10 * time.Second
 
 // hostSpec makes spec's replicas the actors of d's replica hosts: one
-// connection each, reconnected in the background after a loss.
-func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger) {
+// connection each, reconnected in the background after a loss. While a
+// host is unreachable its actors are out of routing (dep's), so that
+// requests go elsewhere or get 503 instead of waiting for its health
+// checks to fail; once it is back they are checked at once.
+func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger, dep *atomic.Pointer[proxy.Deployment]) {
 	spec.Targets = d.Hosts
 	spec.Connect = func(_, addr string, onRelease func()) ([]replica.Replica, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), hostConnectTimeout)
@@ -187,6 +195,18 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 			TrustedProxies:        e.TrustedProxies,
 			Via:                   e.Via,
 			Log:                   log.With().Str("deployment", d.Name).Logger(),
+			OnReachability: func(hc *replica.HostConn, up bool) {
+				dd := dep.Load()
+				switch {
+				case dd == nil:
+				case up:
+					dd.CheckHealthNow()
+				default:
+					for _, r := range hc.Replicas() {
+						dd.ReportUnreachable(r)
+					}
+				}
+			},
 		})
 		if err != nil {
 			return nil, err

@@ -671,6 +671,47 @@ func TestReplicaHosts(t *testing.T) {
 	}
 }
 
+// TestReplicaHostGoneThenBack kills a deployment's only replica host, with
+// health checks a minute apart: requests are answered 503 "No replicas are
+// available" at once (within the client's 5 s bound), not queued for the
+// host until its checks fail; a host started again on the address is
+// reconnected, checked at once and serves.
+func TestReplicaHostGoneThenBack(t *testing.T) {
+	args := []string{"-handler", "static", "-replicas", "2", "-max-ongoing", "10", "-user-config", `{"body":"hi"}`}
+	host := startReplicaHost(t, args...)
+	path := writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: host
+        hosts: ["`+host.addr+`"]
+        health_check_period_s: 60
+`)
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 10)
+	c.Timeout = 5 * time.Second
+	url := "http://" + p.HTTPAddr + "/"
+	if r := get(t, c, url); r.status != 200 || r.body != "hi" {
+		t.Fatalf("before the kill: %d %q", r.status, r.body)
+	}
+	_ = host.cmd.Process.Signal(syscall.SIGKILL)
+	start := time.Now()
+	waitUntil(t, "503 once the host is gone", func() bool {
+		r := get(t, c, url)
+		return r.status == http.StatusServiceUnavailable && strings.Contains(r.body, "No replicas are available")
+	})
+	t.Logf("503 No replicas are available %v after the kill", time.Since(start).Round(time.Millisecond))
+	if r := get(t, c, url); r.status != http.StatusServiceUnavailable {
+		t.Fatalf("a request while the host is gone: %d %q, want 503", r.status, r.body)
+	}
+
+	startListening(t, replicaBin, append([]string{"-listen", host.addr}, args...)...)
+	start = time.Now()
+	waitUntil(t, "200 from the host started again", func() bool { return get(t, c, url).status == http.StatusOK })
+	t.Logf("serving again %v after the host was started again", time.Since(start).Round(time.Millisecond))
+}
+
 // mustRequest builds a request with a body.
 func mustRequest(t *testing.T, method, url, body string) *http.Request {
 	t.Helper()
