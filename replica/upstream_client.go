@@ -127,13 +127,10 @@ const (
 	maxResponseHeaderBytes = 10 << 20
 	max1xxResponses        = 5
 	// stalePeekAfter is how long a connection idles before it is checked
-	// for a close from the server on reuse. Servers close idle
-	// connections after seconds (gunicorn 2 s, Node 5 s, nginx 75 s), and
-	// under load connections idle for a few milliseconds between
-	// requests: at 1 ms, half the requests paid a peek (perf stat, wrk
-	// -c100). A close that races a reuse is covered by the retry of
-	// idempotent requests.
-	stalePeekAfter = 100 * time.Millisecond
+	// for a close from the server on reuse. Under load connections idle
+	// for microseconds and are not checked; a close that races a reuse is
+	// covered by the retry of idempotent requests.
+	stalePeekAfter = time.Millisecond
 	// maxWriteWait is how long a response that ended waits for its
 	// request's body to be written before the connection is given up
 	// instead of reused, as in net/http.
@@ -398,14 +395,8 @@ func (p *connPool) dial(ctx context.Context) (*clientConn, error) {
 		conn = tc
 	}
 	cc.conn = conn
-	var r io.Reader = conn
-	var w io.Writer = conn
-	if cc.raw != nil && p.tlsCfg == nil && sendThenReadSupported {
-		cc.io = &connIO{cc: cc}
-		r, w = cc.io, cc.io
-	}
-	cc.br = bufio.NewReaderSize(r, 4<<10)
-	cc.bw = bufio.NewWriterSize(w, 4<<10)
+	cc.br = bufio.NewReaderSize(conn, 4<<10)
+	cc.bw = bufio.NewWriterSize(conn, 4<<10)
 	cc.abort = func() { _ = conn.Close() }
 	cc.peek = cc.peekFD
 	return cc, nil
@@ -418,7 +409,6 @@ type clientConn struct {
 	pool   *connPool
 	conn   net.Conn
 	raw    syscall.RawConn // the TCP socket, for alive; nil if none
-	io     *connIO         // under br and bw for plain TCP; nil for TLS
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	idleAt time.Time   // when it was last put in the pool
@@ -481,7 +471,7 @@ func (cc *clientConn) roundTrip(req *http.Request) (res *http.Response, answered
 	if hasBody {
 		wrote = make(chan error, 1)
 		go cc.writeBody(req, chunked, wrote)
-	} else if err := cc.flushHead(); err != nil {
+	} else if err := cc.bw.Flush(); err != nil {
 		return fail(err)
 	}
 

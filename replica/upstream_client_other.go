@@ -9,14 +9,3 @@ func (cc *clientConn) peekFD(uintptr) bool {
 	cc.peekOK = true
 	return true
 }
-
-// sendThenReadSupported: elsewhere a request is written when its head is
-// flushed (connIO is not used).
-const sendThenReadSupported = false
-
-func (c *connIO) sendThenRead(p []byte) (int, error) {
-	if err := c.sendRest(); err != nil {
-		return 0, err
-	}
-	return c.cc.conn.Read(p)
-}
