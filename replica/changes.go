@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // ErrStopped is the error of a change asked of a stopped deployment.
@@ -201,6 +202,7 @@ func (d *Deployment) ReportUnreachable(h Handle) {
 		}
 		d.excluded[r] = true
 		d.failures[r] = max(d.failures[r], 1)
+		d.unreachableAt[r] = time.Now()
 		d.publishLocked()
 		d.log().Warn().Str("replica", r.ID()).Msg("replica unreachable: out of routing until a health check passes")
 		return

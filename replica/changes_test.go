@@ -115,3 +115,34 @@ func TestChangesAfterStop(t *testing.T) {
 		t.Fatalf("Reconfigure after Stop = %v, want ErrStopped", err)
 	}
 }
+
+// A health check that passed before a replica was reported unreachable
+// does not bring it back when its result lands after the report; a check
+// begun after the report does, and CheckHealthNow asks for one at once.
+func TestStalePassKeepsUnreachableOut(t *testing.T) {
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"}, HealthCheckPeriod: time.Hour, HealthCheckTimeout: time.Second,
+		Connect: func(id, target string, onRelease func()) ([]Replica, error) {
+			return []Replica{NewLocal(id, Echo{}, 1, onRelease)}, nil
+		}})
+	r := d.Replicas()[0]
+	routed := func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return !d.excluded[r]
+	}
+	before := time.Now()
+	time.Sleep(time.Millisecond) // the report comes strictly after the check began
+	d.ReportUnreachable(r)
+	d.recordHealth(r, nil, before)
+	if routed() {
+		t.Fatal("a pass from a check begun before the report brought the replica back")
+	}
+	d.CheckHealthNow()
+	deadline := time.Now().Add(10 * time.Second)
+	for !routed() {
+		if time.Now().After(deadline) {
+			t.Fatal("CheckHealthNow did not bring the replica back in 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -91,7 +91,10 @@ type Deployment struct {
 	// excluded are replicas kept out of routing until a health check
 	// passes: unreachable, or (with Connect) unhealthy.
 	excluded map[Replica]bool
-	targets  map[Replica]string // each replica's target, with Connect
+	// unreachableAt is when a replica was reported unreachable; a health
+	// check begun before it cannot bring the replica back.
+	unreachableAt map[Replica]time.Time
+	targets       map[Replica]string // each replica's target, with Connect
 	// startFailures counts replica starts failed in a row; past
 	// MaxConstructorRetryCount, gaveUp stops the attempts.
 	startFailures int
@@ -119,8 +122,9 @@ func NewDeployment(spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
 	d := &Deployment{
 		spec: spec, hooks: hooks,
 		failures: make(map[Replica]int), excluded: make(map[Replica]bool), targets: make(map[Replica]string),
-		wake:     make(chan struct{}, 1),
-		checkNow: make(chan struct{}, 1),
+		unreachableAt: make(map[Replica]time.Time),
+		wake:          make(chan struct{}, 1),
+		checkNow:      make(chan struct{}, 1),
 	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	switch {

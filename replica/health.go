@@ -55,6 +55,7 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 	if len(targets) == 0 {
 		return
 	}
+	started := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, d.spec.HealthCheckTimeout)
 	results := d.broadcastTo(cctx, Call{Method: MethodCheckHealth}, pool, targets)
 	cancel()
@@ -62,14 +63,16 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 		return // stopping: a cancelled check is no verdict
 	}
 	for i, r := range results {
-		d.recordHealth(targets[i], r.Err)
+		d.recordHealth(targets[i], r.Err, started)
 	}
 }
 
-// recordHealth counts a check's result. The unhealthyAfter-th failure in
-// a row takes the replica out of routing: to be replaced (topUp), or, for
-// a deployment that follows targets, until a check passes again.
-func (d *Deployment) recordHealth(r Replica, err error) {
+// recordHealth counts the result of a check begun at started. The
+// unhealthyAfter-th failure in a row takes the replica out of routing: to
+// be replaced (topUp), or, for a deployment that follows targets, until a
+// check passes again. A pass from a check begun before the replica was
+// reported unreachable is no news: it does not bring it back.
+func (d *Deployment) recordHealth(r Replica, err error, started time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !slices.Contains(d.replicas, r) {
@@ -77,6 +80,12 @@ func (d *Deployment) recordHealth(r Replica, err error) {
 	}
 	log := d.log().With().Str("replica", r.ID()).Logger()
 	if err == nil {
+		if at, ok := d.unreachableAt[r]; ok {
+			if !started.After(at) {
+				return
+			}
+			delete(d.unreachableAt, r)
+		}
 		if d.failures[r] > 0 {
 			log.Info().Msg("replica passed its health check again")
 		}

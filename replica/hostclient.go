@@ -85,7 +85,10 @@ type HostConn struct {
 	wg        sync.WaitGroup // the connections' readers and writers
 	closeOnce sync.Once
 	stopped   atomic.Int32 // replicas stopped; the last one closes the HostConn
-	down      atomic.Bool  // every connection is lost (OnReachability told)
+	// reachMu orders the OnReachability reports of several links; down
+	// is what the last one said.
+	reachMu sync.Mutex
+	down    bool
 
 	// mu guards lastErr.
 	mu      sync.Mutex
@@ -346,9 +349,7 @@ func (c *HostConn) reconnect(i int) {
 		}
 		err := cc.cause()
 		c.o.Log.Warn().Str("host", c.addr).Err(err).Msg("replica host connection lost; reconnecting")
-		if !c.Connected() && c.down.CompareAndSwap(false, true) && c.o.OnReachability != nil {
-			c.o.OnReachability(c, false)
-		}
+		c.reportReachability()
 		backoff := reconnectMin
 		for {
 			t := time.NewTimer(backoff)
@@ -369,12 +370,28 @@ func (c *HostConn) reconnect(i int) {
 			c.links[i].Store(ncc)
 			c.start(ncc)
 			c.o.Log.Info().Str("host", c.addr).Msg("replica host reconnected")
-			if c.down.CompareAndSwap(true, false) && c.o.OnReachability != nil {
-				c.o.OnReachability(c, true)
-			}
+			c.reportReachability()
 			break
 		}
 	}
+}
+
+// reportReachability tells OnReachability when the host went from some
+// connection up to none, or back. The check and the report are one step
+// under reachMu, so that links losing and regaining their connections at
+// once cannot report out of order.
+func (c *HostConn) reportReachability() {
+	if c.o.OnReachability == nil {
+		return
+	}
+	c.reachMu.Lock()
+	defer c.reachMu.Unlock()
+	up := c.Connected()
+	if up != c.down {
+		return // no change
+	}
+	c.down = !up
+	c.o.OnReachability(c, up)
 }
 
 // pick returns a live connection on which the host has replica k's actor,

@@ -105,6 +105,7 @@ func (d *Deployment) retireLocked(old Replica) {
 	old.SetState(StateDraining) // refused at once, even from a stale snapshot
 	delete(d.failures, old)
 	delete(d.excluded, old)
+	delete(d.unreachableAt, old)
 	d.retired = append(d.retired, old)
 	d.rebuildPoolLocked()
 	d.publishLocked()

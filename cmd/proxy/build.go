@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,8 +55,10 @@ func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.
 				disc *replica.Discovery
 				err  error
 				// hostDep is dep for the replica hosts' connections,
-				// which may lose their host before dep is set.
-				hostDep atomic.Pointer[proxy.Deployment]
+				// which may lose their host before dep is set;
+				// hostsLost takes out the actors of those.
+				hostDep   atomic.Pointer[proxy.Deployment]
+				hostsLost func()
 			)
 			switch d.Handler {
 			case config.HandlerUpstream:
@@ -66,7 +70,7 @@ func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.
 			case config.HandlerCommand:
 				commandSpec(&spec, d, e, log)
 			case config.HandlerHost:
-				hostSpec(&spec, d, e, log, &hostDep)
+				hostsLost = hostSpec(&spec, d, e, log, &hostDep)
 			default:
 				spec.Factory, err = reg.Lookup(d.Handler)
 			}
@@ -77,6 +81,9 @@ func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.
 				return nil, nil, err
 			}
 			hostDep.Store(dep)
+			if hostsLost != nil {
+				hostsLost()
+			}
 			if disc != nil {
 				discoveries = append(discoveries, disc.Run)
 			}
@@ -183,8 +190,19 @@ const hostConnectTimeout = 10 * time.Second
 // connection each, reconnected in the background after a loss. While a
 // host is unreachable its actors are out of routing (dep's), so that
 // requests go elsewhere or get 503 instead of waiting for its health
-// checks to fail; once it is back they are checked at once.
-func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger, dep *atomic.Pointer[proxy.Deployment]) {
+// checks to fail; once it is back they are checked at once. Call the
+// function it returns once dep is set: it takes out the actors of hosts
+// lost before then.
+func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger, dep *atomic.Pointer[proxy.Deployment]) (hostsLost func()) {
+	var (
+		mu    sync.Mutex
+		conns []*replica.HostConn
+	)
+	outOfRouting := func(dd *proxy.Deployment, hc *replica.HostConn) {
+		for _, r := range hc.Replicas() {
+			dd.ReportUnreachable(r)
+		}
+	}
 	spec.Targets = d.Hosts
 	spec.Connect = func(_, addr string, onRelease func()) ([]replica.Replica, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), hostConnectTimeout)
@@ -202,16 +220,28 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 				case up:
 					dd.CheckHealthNow()
 				default:
-					for _, r := range hc.Replicas() {
-						dd.ReportUnreachable(r)
-					}
+					outOfRouting(dd, hc)
 				}
 			},
 		})
 		if err != nil {
 			return nil, err
 		}
+		mu.Lock()
+		conns = append(conns, hc)
+		mu.Unlock()
 		return hc.Replicas(), nil
+	}
+	return func() {
+		dd := dep.Load()
+		mu.Lock()
+		cs := slices.Clone(conns)
+		mu.Unlock()
+		for _, hc := range cs {
+			if !hc.Connected() {
+				outOfRouting(dd, hc)
+			}
+		}
 	}
 }
 
