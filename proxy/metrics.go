@@ -95,46 +95,61 @@ type routeMetrics struct {
 	// forget deletes a replica's series from the deployment metrics.
 	forget func(replicaID string)
 
-	// pruneMu guards missing.
+	// pruneMu guards missing and pruneGrace.
 	pruneMu sync.Mutex
-	// missing holds the replicas with series that the last scrape found
+	// missing holds when a scrape first found each replica with series
 	// gone from the deployment.
-	missing map[string]bool
+	missing map[string]time.Time
+	// pruneGrace is how long a gone replica's series stay.
+	pruneGrace time.Duration
 }
+
+// replicaSeriesGrace is how long the series of a replica that left stay
+// in /metrics: longer than scrape intervals are, so that every scraper (a
+// pair of Prometheus servers too) sees the final counts.
+const replicaSeriesGrace = 2 * time.Minute
 
 // pruneReplicas deletes the series of replicas that have left the
 // deployment (replaced, scaled down, gone from DNS), so that churn does not
 // grow the metrics without bound, as a Serve replica's metrics leave with
 // its actor. live reports whether a replica is still a member. A replica's
-// series are deleted at the second scrape that finds it gone, so that one
-// scrape at least sees its final counts; a request still finishing on it
-// after that makes them anew, and they go again.
-func (rm *routeMetrics) pruneReplicas(live func(replicaID string) bool) {
+// series are deleted by the first scrape at least pruneGrace after one
+// found it gone. A request still finishing on it after that makes them
+// anew, and they go again.
+func (rm *routeMetrics) pruneReplicas(live func(replicaID string) bool, now time.Time) {
 	rm.pruneMu.Lock()
 	defer rm.pruneMu.Unlock()
 	var gone []string
-	next := make(map[string]bool)
+	next := make(map[string]time.Time)
 	for _, id := range rm.replicas.keys() {
+		if live(id) {
+			continue
+		}
+		since, ok := rm.missing[id]
 		switch {
-		case live(id):
-		case rm.missing[id]:
+		case !ok:
+			next[id] = now
+		case now.Sub(since) >= rm.pruneGrace:
 			gone = append(gone, id)
 		default:
-			next[id] = true
+			next[id] = since
 		}
 	}
 	rm.missing = next
 	if len(gone) == 0 {
 		return
 	}
-	rm.replicas.delete(gone)
+	// The series first, then the cache: a request in between records to
+	// an observer just deleted (one observation lost), rather than making
+	// a series that the delete would leave cached but unexported.
 	for _, id := range gone {
 		rm.forget(id)
 	}
+	rm.replicas.delete(gone)
 }
 
 func (m *metrics) forRoute(route, app, deployment string) *routeMetrics {
-	rm := &routeMetrics{}
+	rm := &routeMetrics{pruneGrace: replicaSeriesGrace}
 	rm.http.build = func(k httpKey) *httpObservers {
 		code := strconv.Itoa(k.status)
 		o := &httpObservers{
@@ -321,7 +336,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			for _, s := range stats {
 				ids[s.ID] = true
 			}
-			rm.pruneReplicas(func(id string) bool { return ids[id] })
+			rm.pruneReplicas(func(id string) bool { return ids[id] }, time.Now())
 		}
 		for _, s := range stats {
 			healthy := 0.0

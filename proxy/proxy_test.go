@@ -657,11 +657,19 @@ func TestFullDuplexWithTimeout(t *testing.T) {
 }
 
 // TestMetricsOfGoneReplicasPruned checks that a replica scaled away takes
-// its per-replica series with it, so that replica churn cannot grow
-// /metrics without bound, and that a scrape still sees its final counts.
+// its per-replica series with it once the grace has passed, so that
+// replica churn cannot grow /metrics without bound, and that scrapes
+// within the grace still see its final counts.
 func TestMetricsOfGoneReplicasPruned(t *testing.T) {
 	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/a", factory: static("hi"), replicas: 2})
 	dep := tp.Deployments()[0]
+	setGrace := func(g time.Duration) {
+		rm := dep.replicaMetrics
+		rm.pruneMu.Lock()
+		rm.pruneGrace = g
+		rm.pruneMu.Unlock()
+	}
+	setGrace(time.Hour)
 	ids := map[string]bool{}
 	for i := 0; i < 200 && len(ids) < 2; i++ { // power of two spreads them
 		get(t, tp.url+"/a")
@@ -690,12 +698,13 @@ func TestMetricsOfGoneReplicasPruned(t *testing.T) {
 	series := func(id string) string {
 		return `serve_deployment_processing_latency_ms_count{application="a",deployment="a-dep",replica="` + id + `",route="/a"}`
 	}
-	_, first := get(t, tp.adminURL+"/metrics")
-	if !strings.Contains(first, series(gone)) {
-		t.Errorf("the first scrape after scaling down lacks the gone replica's final counts")
+	for i := range 3 {
+		if _, m := get(t, tp.adminURL+"/metrics"); !strings.Contains(m, series(gone)) {
+			t.Fatalf("scrape %d within the grace lacks the gone replica's final counts", i)
+		}
 	}
-	// It leaves the pool once drained; from then on, the second scrape
-	// deletes its series. Bounded: 50 scrapes.
+	// Past the grace, the next scrapes delete them. Bounded: 50 scrapes.
+	setGrace(0)
 	var m string
 	for range 50 {
 		if _, m = get(t, tp.adminURL+"/metrics"); !strings.Contains(m, series(gone)) {
@@ -704,7 +713,7 @@ func TestMetricsOfGoneReplicasPruned(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if strings.Contains(m, series(gone)) {
-		t.Errorf("50 scrapes later, the metrics still have the series of replica %s, which left", gone)
+		t.Errorf("50 scrapes past the grace, the metrics still have the series of replica %s, which left", gone)
 	}
 	if !strings.Contains(m, series(kept)) {
 		t.Errorf("the series of replica %s, still serving, went too", kept)
