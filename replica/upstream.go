@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // DefaultHealthPath is the path that Upstream.CheckHealth GETs when
@@ -88,6 +89,7 @@ type Upstream struct {
 	rt          http.RoundTripper
 	health      http.RoundTripper
 	ownedRT     interface{ CloseIdleConnections() } // closed by Close; nil when given
+	forgotten   atomic.Bool                         // Close told a given UpstreamClient
 	ownedHealth *http.Transport                     // likewise
 
 	slots
@@ -171,6 +173,8 @@ func NewUpstream(id, baseURL string, o UpstreamOptions) (*Upstream, error) {
 	if u.rt == nil {
 		c := NewUpstreamClient(TransportOptions{MaxConnsPerReplica: o.MaxOngoing})
 		u.ownedRT, u.rt = c, c
+	} else if c, ok := u.rt.(*UpstreamClient); ok {
+		c.retainReplica(u.base)
 	}
 	if u.health == nil {
 		u.ownedHealth = NewTransport(TransportOptions{})
@@ -193,7 +197,7 @@ func (u *Upstream) URL() string { return u.base.String() }
 func (u *Upstream) Close() {
 	if u.ownedRT != nil {
 		u.ownedRT.CloseIdleConnections()
-	} else if c, ok := u.rt.(*UpstreamClient); ok {
+	} else if c, ok := u.rt.(*UpstreamClient); ok && u.forgotten.CompareAndSwap(false, true) {
 		c.forgetReplica(u.base)
 	}
 	if u.ownedHealth != nil {

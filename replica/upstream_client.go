@@ -55,9 +55,10 @@ type UpstreamClient struct {
 	idleTimeout   time.Duration // an idle connection is closed after it
 	headerTimeout time.Duration // 0 for none
 
-	// mu guards pools.
+	// mu guards pools and users.
 	mu    sync.RWMutex
 	pools map[poolKey]*connPool
+	users map[poolKey]int // the Upstreams given this client, by replica
 }
 
 var _ http.RoundTripper = (*UpstreamClient)(nil)
@@ -86,6 +87,7 @@ func NewUpstreamClient(o TransportOptions) *UpstreamClient {
 		idleTimeout:   o.IdleConnTimeout,
 		headerTimeout: o.ResponseHeaderTimeout,
 		pools:         make(map[poolKey]*connPool),
+		users:         make(map[poolKey]int),
 	}
 }
 
@@ -102,14 +104,31 @@ func (c *UpstreamClient) CloseIdleConnections() {
 	}
 }
 
-// forgetReplica closes the idle connections to the replica at base and
-// drops its pool, so that a deployment whose replicas come and go (DNS
-// discovery, restarted processes) does not keep a pool per address it
-// ever had. Connections still in use are closed when their request ends;
-// a later request to the same address makes a new pool.
-func (c *UpstreamClient) forgetReplica(base *url.URL) {
-	k := poolKey{host: base.Host, tls: base.Scheme == "https"}
+// keyOf names the connections to the replica at base.
+func keyOf(base *url.URL) poolKey { return poolKey{host: base.Host, tls: base.Scheme == "https"} }
+
+// retainReplica counts an Upstream that forwards to base through c, for
+// forgetReplica.
+func (c *UpstreamClient) retainReplica(base *url.URL) {
 	c.mu.Lock()
+	c.users[keyOf(base)]++
+	c.mu.Unlock()
+}
+
+// forgetReplica undoes a retainReplica. When no Upstream forwards to base
+// any more, it closes the idle connections to it and drops its pool, so
+// that a deployment whose replicas come and go (DNS discovery, restarted
+// processes) does not keep a pool per address it ever had. Connections
+// still in use are closed when their request ends; a later request to the
+// address makes a new pool.
+func (c *UpstreamClient) forgetReplica(base *url.URL) {
+	k := keyOf(base)
+	c.mu.Lock()
+	if c.users[k]--; c.users[k] > 0 {
+		c.mu.Unlock()
+		return // an Upstream for the same address (re-added) still uses it
+	}
+	delete(c.users, k)
 	p := c.pools[k]
 	delete(c.pools, k)
 	c.mu.Unlock()

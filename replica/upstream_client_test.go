@@ -620,3 +620,38 @@ func TestUpstreamClientForgetsGoneReplicas(t *testing.T) {
 	}
 	eventually(t, "the connection in use closed after its request", func() bool { return closedConns.Load() == 2 })
 }
+
+// TestUpstreamClientKeepsPoolOfReaddedReplica: a replica re-added on the
+// same address (DNS flapping) while its old Upstream drains shares the
+// pool, which goes only when the last of them is closed.
+func TestUpstreamClientKeepsPoolOfReaddedReplica(t *testing.T) {
+	leakCheck(t)
+	backend := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(backend.Close)
+	c := newClient(t, TransportOptions{})
+	old, err := NewUpstream("old", backend.URL, UpstreamOptions{MaxOngoing: 4, Transport: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	readded, err := NewUpstream("new", backend.URL, UpstreamOptions{MaxOngoing: 4, Transport: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := clientGet(t, c, http.MethodGet, backend.URL); err != nil {
+		t.Fatal(err)
+	}
+	pools := func() int {
+		c.mu.RLock()
+		defer c.mu.RUnlock()
+		return len(c.pools)
+	}
+	old.Close()
+	old.Close() // twice: still one release
+	if n := pools(); n != 1 {
+		t.Fatalf("%d pools after the old Upstream closed, want the re-added one's 1", n)
+	}
+	readded.Close()
+	if n := pools(); n != 0 {
+		t.Fatalf("%d pools after both closed, want 0", n)
+	}
+}
