@@ -394,6 +394,12 @@ func TestHostControl(t *testing.T) {
 		if s := h.gc.State(); s.MemoryLimitRatio != 0.5 || !strings.Contains(s.Note, "0.5 of") {
 			t.Fatalf("the host's GC state after a ratio: %+v", s)
 		}
+		st, _ = json.Marshal(gctune.State{Percent: 250, MemoryLimitRatio: 1.5})
+		for _, res := range p.Broadcast(ctx, Call{Method: MethodSetGC, Payload: st}) {
+			if res.Err == nil || !strings.Contains(res.Err.Error(), "memory_limit_ratio") {
+				t.Fatalf("set_gc with ratio 1.5: %v, want an error naming memory_limit_ratio", res.Err)
+			}
+		}
 		st, _ = json.Marshal(gctune.State{Percent: -1})
 		for _, res := range p.Broadcast(ctx, Call{Method: MethodSetGC, Payload: st}) {
 			if res.Err == nil || !strings.Contains(res.Err.Error(), "without bound") {
