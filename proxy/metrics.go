@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -214,11 +215,7 @@ func (c *observerCache[K, V]) keys() []K {
 	if m == nil {
 		return nil
 	}
-	ks := make([]K, 0, len(*m))
-	for k := range *m {
-		ks = append(ks, k)
-	}
-	return ks
+	return slices.Collect(maps.Keys(*m))
 }
 
 // delete drops ks from the cache.
