@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -327,6 +328,11 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 			hdr[prefix+k] = vv
 		}
 	}
+	// The server writes the answer out once the handler returns. Yield
+	// first, as the client does before a request's write: the answers of
+	// the requests ready with this one then leave together, and their
+	// clients wake once for several.
+	runtime.Gosched()
 	return nil
 }
 
