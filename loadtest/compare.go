@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -30,6 +31,10 @@ type Target struct {
 	// PID is the server's process, whose CPU time per request is reported.
 	// If 0, CPU is not reported for this target.
 	PID int
+	// BackendPID, if not 0, is the process the server forwards to, whose
+	// CPU time per request is reported beside it: on a shared machine a
+	// proxy's cost includes what it makes its backend spend.
+	BackendPID int
 }
 
 // CompareConfig is a side-by-side comparison: the same load against every
@@ -75,6 +80,12 @@ type Sample struct {
 	// CPUPerRequest is the target process's CPU time during the run over
 	// Requests; 0 if the target has no PID.
 	CPUPerRequest time.Duration
+	// BackendCPUPerRequest is the same for the target's backend; 0 if it
+	// has no BackendPID.
+	BackendCPUPerRequest time.Duration
+	// ClientCPUPerRequest is the load generator's: wrk's own CPU time, or
+	// with ToolBuiltin this process's.
+	ClientCPUPerRequest time.Duration
 	// Ratio is RequestsPerSec over the baseline's in the same round.
 	Ratio float64
 }
@@ -83,12 +94,14 @@ type Sample struct {
 type Median struct {
 	// Target is the target's name.
 	Target string
-	// RequestsPerSec, Ratio, P99 and CPUPerRequest are the medians of the
-	// samples' fields (CPUPerRequest 0 when unknown).
-	RequestsPerSec float64
-	Ratio          float64
-	P99            time.Duration
-	CPUPerRequest  time.Duration
+	// RequestsPerSec, Ratio, P99 and the CPU times are the medians of the
+	// samples' fields (a CPU time 0 when unknown).
+	RequestsPerSec       float64
+	Ratio                float64
+	P99                  time.Duration
+	CPUPerRequest        time.Duration
+	BackendCPUPerRequest time.Duration
+	ClientCPUPerRequest  time.Duration
 }
 
 // CompareResult is a whole comparison.
@@ -130,6 +143,8 @@ func (c CompareConfig) Validate() error {
 			return fmt.Errorf("Targets[%d].Name: %q given twice", i, t.Name)
 		case t.PID < 0:
 			return fmt.Errorf("Targets[%d].PID: must be >= 0, got %d", i, t.PID)
+		case t.BackendPID < 0:
+			return fmt.Errorf("Targets[%d].BackendPID: must be >= 0, got %d", i, t.BackendPID)
 		}
 		seen[t.Name] = true
 		if err := (Config{URL: t.URL, Requests: 1, AllowRemote: c.AllowRemote}).Validate(); err != nil {
@@ -219,13 +234,20 @@ func setRatios(round []Sample, baseline string) {
 // compareRun runs one load of length d against t.
 func compareRun(ctx context.Context, cfg CompareConfig, t Target, d time.Duration) (Sample, error) {
 	s := Sample{Target: t.Name}
-	var cpu0 time.Duration
-	if t.PID > 0 {
-		var err error
-		if cpu0, err = ProcCPU(t.PID); err != nil {
-			return s, fmt.Errorf("CPU of pid %d: %w", t.PID, err)
+	pids := []int{t.PID, t.BackendPID, 0}
+	if cfg.Tool == ToolBuiltin {
+		pids[2] = os.Getpid() // the load runs in this process
+	}
+	var before [3]time.Duration
+	for i, pid := range pids {
+		if pid > 0 {
+			var err error
+			if before[i], err = ProcCPU(pid); err != nil {
+				return s, fmt.Errorf("CPU of pid %d: %w", pid, err)
+			}
 		}
 	}
+	var client time.Duration
 	switch cfg.Tool {
 	case ToolWrk:
 		w, err := RunWrk(ctx, WrkConfig{Path: cfg.WrkPath, URL: t.URL, Concurrency: cfg.Concurrency, Duration: d, AllowRemote: cfg.AllowRemote})
@@ -233,6 +255,7 @@ func compareRun(ctx context.Context, cfg CompareConfig, t Target, d time.Duratio
 			return s, err
 		}
 		s.RequestsPerSec, s.P99, s.Requests, s.Errors = w.RequestsPerSec, w.Latency[99], w.Requests, w.Errors()
+		client = w.CPU
 	case ToolBuiltin:
 		r, err := Run(ctx, Config{URL: t.URL, Duration: d, Concurrency: cfg.Concurrency, AllowRemote: cfg.AllowRemote})
 		if err != nil {
@@ -240,18 +263,24 @@ func compareRun(ctx context.Context, cfg CompareConfig, t Target, d time.Duratio
 		}
 		s.RequestsPerSec, s.P99, s.Requests, s.Errors = r.RequestsPerSec, r.Latency(99), r.Total, r.Failed+r.Non2xx
 	}
-	if t.PID > 0 {
-		cpu1, err := ProcCPU(t.PID)
-		if err != nil {
-			return s, fmt.Errorf("CPU of pid %d: %w", t.PID, err)
-		}
-		if s.Requests > 0 {
-			s.CPUPerRequest = (cpu1 - cpu0) / time.Duration(s.Requests)
-		}
-	}
 	if s.Requests == 0 {
 		return s, errors.New("no request finished")
 	}
+	var spent [3]time.Duration
+	for i, pid := range pids {
+		if pid > 0 {
+			after, err := ProcCPU(pid)
+			if err != nil {
+				return s, fmt.Errorf("CPU of pid %d: %w", pid, err)
+			}
+			spent[i] = after - before[i]
+		}
+	}
+	if cfg.Tool == ToolWrk {
+		spent[2] = client
+	}
+	n := time.Duration(s.Requests)
+	s.CPUPerRequest, s.BackendCPUPerRequest, s.ClientCPUPerRequest = spent[0]/n, spent[1]/n, spent[2]/n
 	return s, nil
 }
 
@@ -259,7 +288,7 @@ func compareRun(ctx context.Context, cfg CompareConfig, t Target, d time.Duratio
 func Medians(targets []Target, rounds [][]Sample) []Median {
 	out := make([]Median, 0, len(targets))
 	for _, t := range targets {
-		var rps, ratio, p99, cpu []float64
+		var rps, ratio, p99, cpu, backend, client []float64
 		for _, round := range rounds {
 			for _, s := range round {
 				if s.Target != t.Name {
@@ -268,20 +297,30 @@ func Medians(targets []Target, rounds [][]Sample) []Median {
 				rps = append(rps, s.RequestsPerSec)
 				ratio = append(ratio, s.Ratio)
 				p99 = append(p99, float64(s.P99))
-				if s.CPUPerRequest > 0 {
-					cpu = append(cpu, float64(s.CPUPerRequest))
-				}
+				cpu = appendKnown(cpu, s.CPUPerRequest)
+				backend = appendKnown(backend, s.BackendCPUPerRequest)
+				client = appendKnown(client, s.ClientCPUPerRequest)
 			}
 		}
 		out = append(out, Median{
-			Target:         t.Name,
-			RequestsPerSec: Median64(rps),
-			Ratio:          Median64(ratio),
-			P99:            time.Duration(Median64(p99)),
-			CPUPerRequest:  time.Duration(Median64(cpu)),
+			Target:               t.Name,
+			RequestsPerSec:       Median64(rps),
+			Ratio:                Median64(ratio),
+			P99:                  time.Duration(Median64(p99)),
+			CPUPerRequest:        time.Duration(Median64(cpu)),
+			BackendCPUPerRequest: time.Duration(Median64(backend)),
+			ClientCPUPerRequest:  time.Duration(Median64(client)),
 		})
 	}
 	return out
+}
+
+// appendKnown appends d to xs unless it is 0 (unknown).
+func appendKnown(xs []float64, d time.Duration) []float64 {
+	if d > 0 {
+		xs = append(xs, float64(d))
+	}
+	return xs
 }
 
 // Median64 returns the middle of xs, or the mean of the two middle values
@@ -300,7 +339,7 @@ func Median64(xs []float64) float64 {
 
 // WriteRound writes one line per sample of a round:
 //
-//	round 1  bare    73493 req/s  p99   5.24ms  cpu  12.3µs/req  ratio 1.00
+//	round 1  bare    73493 req/s  p99   5.24ms  cpu  12.3µs/req  ratio 1.00  backend -  client 9.8µs/req
 func WriteRound(w io.Writer, round []Sample) error {
 	width := 0
 	for _, s := range round {
@@ -308,8 +347,9 @@ func WriteRound(w io.Writer, round []Sample) error {
 	}
 	ew := &errWriter{w: w}
 	for _, s := range round {
-		fmt.Fprintf(ew, "round %d  %-*s  %9.0f req/s  p99 %8s  cpu %13s  ratio %.2f",
-			s.Round, width, s.Target, s.RequestsPerSec, fmtMs(s.P99), fmtCPU(s.CPUPerRequest), s.Ratio)
+		fmt.Fprintf(ew, "round %d  %-*s  %9.0f req/s  p99 %8s  cpu %13s  ratio %.2f  backend %s  client %s",
+			s.Round, width, s.Target, s.RequestsPerSec, fmtMs(s.P99), fmtCPU(s.CPUPerRequest), s.Ratio,
+			fmtCPU(s.BackendCPUPerRequest), fmtCPU(s.ClientCPUPerRequest))
 		if s.Errors > 0 {
 			fmt.Fprintf(ew, "  ERRORS %d", s.Errors)
 		}
@@ -319,12 +359,15 @@ func WriteRound(w io.Writer, round []Sample) error {
 }
 
 // WriteText writes the table of medians, the first target the baseline.
+// The CPU columns are the target's server ("cpu"), its backend and the
+// load generator, each per request; "-" where unknown.
 func (r *CompareResult) WriteText(w io.Writer) error {
 	var rows [][]string
 	for _, m := range r.Medians {
-		rows = append(rows, []string{m.Target, fmt.Sprintf("%.0f", m.RequestsPerSec), fmt.Sprintf("%.2f", m.Ratio), fmtMs(m.P99), fmtCPU(m.CPUPerRequest)})
+		rows = append(rows, []string{m.Target, fmt.Sprintf("%.0f", m.RequestsPerSec), fmt.Sprintf("%.2f", m.Ratio), fmtMs(m.P99),
+			fmtCPU(m.CPUPerRequest), fmtCPU(m.BackendCPUPerRequest), fmtCPU(m.ClientCPUPerRequest)})
 	}
-	if err := writeTable(w, 1, []string{"target", "median req/s", "median ratio", "median p99", "median cpu"}, rows); err != nil {
+	if err := writeTable(w, 1, []string{"target", "median req/s", "median ratio", "median p99", "median cpu", "backend cpu", "client cpu"}, rows); err != nil {
 		return err
 	}
 	var errs []string

@@ -252,8 +252,8 @@ func TestProxyEnv(t *testing.T) {
 func TestCompareTables(t *testing.T) {
 	targets := []Target{{Name: "bare"}, {Name: "proxy"}}
 	rounds := [][]Sample{
-		{{Target: "bare", Round: 1, RequestsPerSec: 100, P99: 2 * time.Millisecond, CPUPerRequest: 10 * time.Microsecond},
-			{Target: "proxy", Round: 1, RequestsPerSec: 50, P99: 4 * time.Millisecond, CPUPerRequest: 20 * time.Microsecond, Errors: 3}},
+		{{Target: "bare", Round: 1, RequestsPerSec: 100, P99: 2 * time.Millisecond, CPUPerRequest: 10 * time.Microsecond, ClientCPUPerRequest: 8 * time.Microsecond},
+			{Target: "proxy", Round: 1, RequestsPerSec: 50, P99: 4 * time.Millisecond, CPUPerRequest: 20 * time.Microsecond, BackendCPUPerRequest: 15 * time.Microsecond, Errors: 3}},
 		{{Target: "proxy", Round: 2, RequestsPerSec: 60, P99: 6 * time.Millisecond},
 			{Target: "bare", Round: 2, RequestsPerSec: 120, P99: 4 * time.Millisecond}},
 		{{Target: "bare", Round: 3, RequestsPerSec: 80, P99: 3 * time.Millisecond},
@@ -267,8 +267,8 @@ func TestCompareTables(t *testing.T) {
 	}
 	med := Medians(targets, rounds)
 	want := []Median{
-		{Target: "bare", RequestsPerSec: 100, Ratio: 1, P99: 3 * time.Millisecond, CPUPerRequest: 10 * time.Microsecond},
-		{Target: "proxy", RequestsPerSec: 60, Ratio: 0.5, P99: 5 * time.Millisecond, CPUPerRequest: 20 * time.Microsecond},
+		{Target: "bare", RequestsPerSec: 100, Ratio: 1, P99: 3 * time.Millisecond, CPUPerRequest: 10 * time.Microsecond, ClientCPUPerRequest: 8 * time.Microsecond},
+		{Target: "proxy", RequestsPerSec: 60, Ratio: 0.5, P99: 5 * time.Millisecond, CPUPerRequest: 20 * time.Microsecond, BackendCPUPerRequest: 15 * time.Microsecond},
 	}
 	if !slices.Equal(med, want) {
 		t.Errorf("Medians = %+v, want %+v", med, want)
@@ -278,8 +278,8 @@ func TestCompareTables(t *testing.T) {
 	if err := WriteRound(&buf, rounds[0]); err != nil {
 		t.Fatal(err)
 	}
-	wantRound := "round 1  bare         100 req/s  p99   2.00ms  cpu    10.0µs/req  ratio 1.00\n" +
-		"round 1  proxy         50 req/s  p99   4.00ms  cpu    20.0µs/req  ratio 0.50  ERRORS 3\n"
+	wantRound := "round 1  bare         100 req/s  p99   2.00ms  cpu    10.0µs/req  ratio 1.00  backend -  client 8.0µs/req\n" +
+		"round 1  proxy         50 req/s  p99   4.00ms  cpu    20.0µs/req  ratio 0.50  backend 15.0µs/req  client -  ERRORS 3\n"
 	if buf.String() != wantRound {
 		t.Errorf("WriteRound:\n%s\nwant:\n%s", buf.String(), wantRound)
 	}
@@ -289,9 +289,9 @@ func TestCompareTables(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantTable := "" +
-		"target  median req/s  median ratio  median p99  median cpu\n" +
-		"bare             100          1.00      3.00ms  10.0µs/req\n" +
-		"proxy             60          0.50      5.00ms  20.0µs/req\n" +
+		"target  median req/s  median ratio  median p99  median cpu  backend cpu  client cpu\n" +
+		"bare             100          1.00      3.00ms  10.0µs/req            -   8.0µs/req\n" +
+		"proxy             60          0.50      5.00ms  20.0µs/req   15.0µs/req           -\n" +
 		"WARNING: runs with errors (failed or non-2xx requests): round 1 proxy: 3\n"
 	if buf.String() != wantTable {
 		t.Errorf("WriteText:\n%s\nwant:\n%s", buf.String(), wantTable)

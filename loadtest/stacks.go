@@ -63,6 +63,9 @@ type Stack struct {
 	// PID is the process that serves the requests: for nginx its one
 	// worker, not the master, whose CPU time says nothing of the load.
 	PID int
+	// BackendPID is the process the stack forwards to (bare, or
+	// proxy-host's replica host), 0 for a stack that answers itself.
+	BackendPID int
 	// Config is the generated config file, "" for a stack without one.
 	Config string
 	// Log is the file the process's stdout and stderr go to.
@@ -90,7 +93,7 @@ type Stacks struct {
 func (s *Stacks) Targets() []Target {
 	out := make([]Target, 0, len(s.Started))
 	for _, st := range s.Started {
-		out = append(out, Target{Name: st.Name, URL: st.URL, PID: st.PID})
+		out = append(out, Target{Name: st.Name, URL: st.URL, PID: st.PID, BackendPID: st.BackendPID})
 	}
 	return out
 }
@@ -155,6 +158,7 @@ func StartStacks(ctx context.Context, cfg StacksConfig) (_ *Stacks, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy-up: %w", err)
 	}
+	up.BackendPID = bare.PID
 	s.Started = append(s.Started, up)
 
 	if cfg.ReplicaPath == "" {
@@ -175,6 +179,7 @@ func StartStacks(ctx context.Context, cfg StacksConfig) (_ *Stacks, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("revproxy: %w", err)
 		}
+		rp.BackendPID = bare.PID
 		s.Started = append(s.Started, rp)
 	}
 
@@ -199,6 +204,7 @@ func StartStacks(ctx context.Context, cfg StacksConfig) (_ *Stacks, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.name, err)
 		}
+		st.BackendPID = bare.PID
 		s.Started = append(s.Started, st)
 	}
 	return s, nil
@@ -452,7 +458,7 @@ func startProxyHostStack(ctx context.Context, proxyBin, replicaBin, dir string) 
 		return Stack{}, nil, fmt.Errorf("%w; log:\n%s", err, tailFile(logPath, 10))
 	}
 	stop := func() { stopProcess(p.cmd, p.exited, stackStopTimeout) }
-	st := Stack{Name: "proxy-host", URL: "http://" + p.HTTPAddr + "/", PID: p.cmd.Process.Pid, Config: conf, Log: logPath, stop: stop}
+	st := Stack{Name: "proxy-host", URL: "http://" + p.HTTPAddr + "/", PID: p.cmd.Process.Pid, BackendPID: h.cmd.Process.Pid, Config: conf, Log: logPath, stop: stop}
 	if err := waitHi(ctx, st.URL, &stackProc{cmd: p.cmd, exited: p.exited}, logPath); err != nil {
 		stop()
 		return Stack{}, nil, err

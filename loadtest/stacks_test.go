@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -213,4 +214,18 @@ func waitGone(t *testing.T, pid int) {
 		}
 	}
 	t.Errorf("process %d still running after stop", pid)
+}
+
+func TestStacksTargetsCarryBackend(t *testing.T) {
+	s := &Stacks{Started: []Stack{
+		{Name: "bare", URL: "http://127.0.0.1:1/", PID: 10},
+		{Name: "nginx", URL: "http://127.0.0.1:2/", PID: 11, BackendPID: 10},
+	}}
+	want := []Target{
+		{Name: "bare", URL: "http://127.0.0.1:1/", PID: 10},
+		{Name: "nginx", URL: "http://127.0.0.1:2/", PID: 11, BackendPID: 10},
+	}
+	if got := s.Targets(); !slices.Equal(got, want) {
+		t.Errorf("Targets() = %+v, want %+v", got, want)
+	}
 }

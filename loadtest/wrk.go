@@ -38,6 +38,9 @@ type WrkResult struct {
 	SocketErrors int64
 	// Non2xx is "Non-2xx or 3xx responses", 0 when absent.
 	Non2xx int64
+	// CPU is the user and system time wrk itself spent on the run (set by
+	// RunWrk, not by ParseWrk).
+	CPU time.Duration
 }
 
 // Errors is every failed or non-2xx/3xx request wrk reported.
@@ -297,5 +300,6 @@ func RunWrk(ctx context.Context, cfg WrkConfig) (WrkResult, error) {
 	if err != nil {
 		return res, fmt.Errorf("%w; output:\n%s", err, text)
 	}
+	res.CPU = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	return res, nil
 }

@@ -78,6 +78,8 @@ func parseCompareOptions(args []string, stderr io.Writer) (compareOptions, error
 	tool := fs.String("tool", string(defaultTool), "load generator: wrk (wrk -t1 -cC -dD --latency) or builtin (the default is wrk if it is on PATH)")
 	pids := pidFlag{}
 	fs.Var(pids, "pid", "`name=PID` of a target's server process, to report its CPU time per request (repeatable)")
+	backendPIDs := pidFlag{}
+	fs.Var(backendPIDs, "backend-pid", "`name=PID` of the process a target forwards to, to report its CPU time per request too (repeatable)")
 	allowRemote := fs.Bool("allow-remote", false, "allow targets whose host is not loopback")
 	stacks := fs.Bool("stacks", false, "start bare, proxy, nginx and haproxy (when installed) on loopback and compare them, instead of name=URL targets")
 	proxyPath := fs.String("proxy", "", "with -stacks, the proxy `binary` (default: go build "+proxyPackage+" into a temp dir)")
@@ -90,8 +92,8 @@ func parseCompareOptions(args []string, stderr io.Writer) (compareOptions, error
 		switch {
 		case fs.NArg() > 0:
 			return compareOptions{}, usagef("-stacks: takes no name=URL targets, got %d", fs.NArg())
-		case set["pid"]:
-			return compareOptions{}, usagef("-stacks: -pid is not for started stacks (their PIDs are known)")
+		case set["pid"] || set["backend-pid"]:
+			return compareOptions{}, usagef("-stacks: -pid and -backend-pid are not for started stacks (their PIDs are known)")
 		case set["allow-remote"]:
 			return compareOptions{}, usagef("-stacks: -allow-remote is not for started stacks (they are on loopback)")
 		}
@@ -137,11 +139,13 @@ func parseCompareOptions(args []string, stderr io.Writer) (compareOptions, error
 		if err := checkURL(u, *allowRemote); err != nil {
 			return compareOptions{}, usagef("target %s: %v", name, err)
 		}
-		cfg.Targets = append(cfg.Targets, loadtest.Target{Name: name, URL: u, PID: pids[name]})
+		cfg.Targets = append(cfg.Targets, loadtest.Target{Name: name, URL: u, PID: pids[name], BackendPID: backendPIDs[name]})
 	}
-	for name := range pids {
-		if !seen[name] {
-			return compareOptions{}, usagef("-pid: %q names no target", name)
+	for flagName, m := range map[string]pidFlag{"pid": pids, "backend-pid": backendPIDs} {
+		for name := range m {
+			if !seen[name] {
+				return compareOptions{}, usagef("-%s: %q names no target", flagName, name)
+			}
 		}
 	}
 	if err := cfg.Validate(); err != nil {

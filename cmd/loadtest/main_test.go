@@ -171,6 +171,8 @@ func TestCompareFlags(t *testing.T) {
 		{"tool", []string{"-tool", "ab", a, b}, "-tool"},
 		{"pid syntax", []string{"-pid", "a", a, b}, "want name=PID"},
 		{"pid target", []string{"-pid", "c=1", a, b}, `-pid: "c" names no target`},
+		{"backend-pid target", []string{"-backend-pid", "c=1", a, b}, `-backend-pid: "c" names no target`},
+		{"backend-pid with stacks", []string{"-stacks", "-backend-pid", "a=1"}, "-backend-pid are not for started stacks"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, _, stderr := runCmd(t, append([]string{"compare"}, tc.args...)...)
@@ -179,11 +181,12 @@ func TestCompareFlags(t *testing.T) {
 			}
 		})
 	}
-	cfg, err := parseCompare([]string{"-pid", "b=42", "-tool", "builtin", "-rounds", "3", a, b}, io.Discard)
+	cfg, err := parseCompare([]string{"-pid", "b=42", "-backend-pid", "b=43", "-tool", "builtin", "-rounds", "3", a, b}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Targets) != 2 || cfg.Targets[0].Name != "a" || cfg.Targets[1].PID != 42 || cfg.Rounds != 3 || cfg.Tool != loadtest.ToolBuiltin {
+	if len(cfg.Targets) != 2 || cfg.Targets[0].Name != "a" || cfg.Targets[1].PID != 42 || cfg.Targets[1].BackendPID != 43 ||
+		cfg.Targets[0].BackendPID != 0 || cfg.Rounds != 3 || cfg.Tool != loadtest.ToolBuiltin {
 		t.Errorf("config %+v", cfg)
 	}
 }
@@ -196,7 +199,8 @@ func TestRunCompare(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	for _, want := range []string{"round 1  a", "round 2  b", "median req/s", "ratio 1.00"} {
+	// The builtin load runs in this process, so its CPU is the client's.
+	for _, want := range []string{"round 1  a", "round 2  b", "median req/s", "ratio 1.00", "client cpu"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("output has no %q:\n%s", want, stdout)
 		}
