@@ -7,6 +7,11 @@
 //
 //	hiserver -listen 127.0.0.1:9000
 //
+// With -headers it also sets the two response headers the proxy's default
+// app sends, X-Request-Id (the request's, or a fixed one) and Content-Type,
+// so that a comparison can tell what net/http charges for a handler that
+// sets any header from what the proxy itself costs.
+//
 // It prints "listening on ADDR" to stdout once the socket is bound, so scripts
 // can wait for that line, and shuts down gracefully on SIGTERM or SIGINT.
 package main
@@ -27,17 +32,46 @@ import (
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:9000", "address to listen on")
+	headers := flag.Bool("headers", false, "set X-Request-Id and Content-Type on every response, as the proxy does")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 
-	if err := run(ctx, *listen); err != nil {
+	handler := http.HandlerFunc(hi)
+	if *headers {
+		handler = hiWithHeaders
+	}
+	if err := run(ctx, *listen, handler); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, addr string) error {
+// hi is the minimal handler on purpose: headers are whatever net/http adds
+// for a bare Write (sniffed Content-Type, Date, Content-Length).
+func hi(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("hi")) }
+
+// placeholderID stands in for a generated request id: generating one is
+// the proxy's cost, not net/http's.
+var (
+	placeholderID = []string{"00000000-0000-4000-8000-000000000000"}
+	textPlain     = []string{"text/plain; charset=utf-8"}
+)
+
+// hiWithHeaders answers as the proxy's default app does: the request's
+// X-Request-Id echoed (or a placeholder) and an explicit Content-Type.
+func hiWithHeaders(w http.ResponseWriter, r *http.Request) {
+	id := r.Header["X-Request-Id"]
+	if len(id) == 0 {
+		id = placeholderID
+	}
+	h := w.Header()
+	h["X-Request-Id"] = id[:1:1]
+	h["Content-Type"] = textPlain
+	_, _ = w.Write([]byte("hi"))
+}
+
+func run(ctx context.Context, addr string, handler http.Handler) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
@@ -46,11 +80,7 @@ func run(ctx context.Context, addr string) error {
 	fmt.Printf("listening on %s\n", ln.Addr())
 
 	srv := &http.Server{
-		// The minimal handler on purpose: headers are whatever net/http adds
-		// for a bare Write (sniffed Content-Type, Date, Content-Length).
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			_, _ = w.Write([]byte("hi"))
-		}),
+		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 
