@@ -152,6 +152,8 @@ type Deployment struct {
 	// MaxOngoingRequests each, given UserConfig. Empty: the hosts are
 	// configured by their own flags.
 	HostHandler string `yaml:"host_handler"`
+	// HostTLS, for handler "host", is TLS to the hosts; nil for plain TCP.
+	HostTLS *HostTLS `yaml:"host_tls"`
 }
 
 // The handler kinds that are not in-process handlers: the proxy forwards

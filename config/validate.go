@@ -210,6 +210,7 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 	only("working_dir", HandlerCommand, d.WorkingDir != "")
 	only("hosts", HandlerHost, d.Hosts != nil)
 	only("host_handler", HandlerHost, d.HostHandler != "")
+	only("host_tls", HandlerHost, d.HostTLS != nil)
 	if d.Handler != HandlerUpstream && d.Handler != HandlerCommand && d.Handler != HandlerHost && d.ReplicaTimeoutS != 0 {
 		v.report(p.child("replica_timeout_s"), "is only for the handlers that forward (upstream, command, host); in process, request_timeout_s bounds a request")
 	}
@@ -279,6 +280,14 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 			}
 			if d.UserConfig != nil {
 				v.report(p.child("user_config"), `is for handler "host" only with host_handler; otherwise give it to cmd/replica (-user-config), or PUT it to the running deployment`)
+			}
+		}
+		if d.HostTLS != nil {
+			// The files are read now, so that -check finds a missing or
+			// bad one rather than the first connection.
+			_, problems := d.HostTLS.load()
+			for _, pr := range problems {
+				v.report(p.child("host_tls").child(pr.field), "%v", pr.err)
 			}
 		}
 		if slices.Contains([]string{HandlerHost, HandlerUpstream, HandlerCommand}, d.HostHandler) {

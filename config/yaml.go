@@ -228,14 +228,20 @@ func (d *decoder) value(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
 		d.fail(p, at, "%s", d.aliasProblem(a))
 		return
 	}
-	if isNull(n) && (dst.Kind() == reflect.Struct || dst.Kind() == reflect.Slice) {
-		return // an empty section: keep the defaults
+	if isNull(n) && (dst.Kind() == reflect.Struct || dst.Kind() == reflect.Slice || dst.Kind() == reflect.Pointer) {
+		return // an empty section: keep the defaults (nil: the section is off)
 	}
 	switch {
 	case dst.Type() == rawMessageType:
 		d.userConfig(dst, n, p, at)
 	case dst.Kind() == reflect.Struct:
 		d.mapping(dst, n, p, at)
+	case dst.Kind() == reflect.Pointer && dst.Type().Elem().Kind() == reflect.Struct:
+		// An optional section (host_tls): a mapping, even {}, turns it
+		// on; null, above, leaves it off.
+		v := reflect.New(dst.Type().Elem())
+		d.mapping(v.Elem(), n, p, at)
+		dst.Set(v)
 	case dst.Kind() == reflect.Slice:
 		d.list(dst, n, p, at)
 	default:

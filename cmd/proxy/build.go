@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -70,7 +72,7 @@ func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.
 			case config.HandlerCommand:
 				commandSpec(&spec, d, e, log)
 			case config.HandlerHost:
-				hostsLost = hostSpec(&spec, d, e, log, &hostDep)
+				hostsLost, err = hostSpec(&spec, d, e, log, &hostDep)
 			default:
 				spec.Factory, err = reg.Lookup(d.Handler)
 			}
@@ -192,12 +194,20 @@ const hostConnectTimeout = 10 * time.Second
 // requests go elsewhere or get 503 instead of waiting for its health
 // checks to fail; once it is back they are checked at once. Call the
 // function it returns once dep is set: it takes out the actors of hosts
-// lost before then.
-func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger, dep *atomic.Pointer[proxy.Deployment]) (hostsLost func()) {
+// lost before then. With host_tls, every connection is TLS.
+func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger, dep *atomic.Pointer[proxy.Deployment]) (hostsLost func(), err error) {
 	var (
 		mu    sync.Mutex
 		conns []*replica.HostConn
+		dial  func(ctx context.Context, network, addr string) (net.Conn, error)
 	)
+	if d.HostTLS != nil {
+		cfg, err := d.HostTLS.ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("host_tls.%w", err)
+		}
+		dial = (&tls.Dialer{Config: cfg}).DialContext
+	}
 	outOfRouting := func(dd *proxy.Deployment, hc *replica.HostConn) {
 		for _, r := range hc.Replicas() {
 			dd.ReportUnreachable(r)
@@ -209,6 +219,7 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 		defer cancel()
 		hc, err := replica.ConnectHost(ctx, addr, replica.HostOptions{
 			OnRelease:             onRelease,
+			Dial:                  dial,
 			ResponseHeaderTimeout: d.ReplicaTimeout(),
 			TrustedProxies:        e.TrustedProxies,
 			Via:                   e.Via,
@@ -242,7 +253,7 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 				outOfRouting(dd, hc)
 			}
 		}
-	}
+	}, nil
 }
 
 // checkCommand reports a command whose program cannot be found, at -check

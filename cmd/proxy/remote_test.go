@@ -671,6 +671,62 @@ func TestReplicaHosts(t *testing.T) {
 	}
 }
 
+// TestReplicaHostMutualTLS serves through a replica host that takes only
+// proxies with a client certificate of its CA, shows a proxy with another
+// CA's refused, and -check finding a bad certificate file before anything
+// starts.
+func TestReplicaHostMutualTLS(t *testing.T) {
+	tlsDir, err := filepath.Abs("../../config/testdata/tls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := startReplicaHost(t, "-handler", "static", "-replicas", "2", "-max-ongoing", "10", "-user-config", `{"body":"sealed"}`,
+		"-tls-cert", tlsDir+"/host.pem", "-tls-key", tlsDir+"/host-key.pem", "-tls-client-ca", tlsDir+"/ca.pem")
+	conf := func(cert string) string {
+		return writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: host
+        hosts: ["`+host.addr+`"]
+        host_tls:
+          ca_file: `+tlsDir+`/ca.pem
+          cert_file: `+tlsDir+`/`+cert+`.pem
+          key_file: `+tlsDir+`/`+cert+`-key.pem
+`)
+	}
+	p := startProxy(t, nil, "-config", conf("proxy"))
+	c := newClient(t, 10)
+	for i := range 50 {
+		if r := get(t, c, "http://"+p.HTTPAddr+"/"); r.status != 200 || r.body != "sealed" {
+			t.Fatalf("request %d over TLS: %d %q", i, r.status, r.body)
+		}
+	}
+
+	// A proxy whose certificate another CA signed: the host refuses it,
+	// and, as for a host down at start, the proxy exits naming the host
+	// and why.
+	res := runProxy(t, nil, "-config", conf("stranger"))
+	if res.code != 1 || !strings.Contains(res.stderr, "replica host "+host.addr) || !strings.Contains(res.stderr, "tls: certificate required") {
+		t.Errorf("a proxy the host refuses: exit %d, stderr %s; want 1 naming the host and the TLS alert", res.code, res.stderr)
+	}
+
+	res = runProxy(t, nil, "-check", "-config", writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: host
+        hosts: ["`+host.addr+`"]
+        host_tls:
+          ca_file: `+tlsDir+`/host-key.pem
+`))
+	if res.code != 2 || !strings.Contains(res.stderr, ":9: applications[0].deployments[0].host_tls.ca_file: "+tlsDir+"/host-key.pem: no PEM certificate in it") {
+		t.Errorf("-check with a key for a CA: exit %d\n%s", res.code, res.stderr)
+	}
+}
+
 // TestReplicaHostGoneThenBack kills a deployment's only replica host, with
 // health checks a minute apart: requests are answered 503 "No replicas are
 // available" at once (within the client's 5 s bound), not queued for the

@@ -12,6 +12,11 @@
 // deployment (handler: host) gives host_handler, num_replicas (actors per
 // host), max_ongoing_requests, user_config and graceful_shutdown_timeout_s.
 //
+// The protocol is plain TCP unless -tls-cert and -tls-key are given; with
+// -tls-client-ca too, only proxies with a client certificate signed by that
+// CA may connect (mutual TLS; the proxy's side is the deployment's
+// host_tls). A host listening beyond loopback without it logs a warning.
+//
 // It applies the same GC settings as the proxy (PROXY_GC_TUNING,
 // PROXY_GC_PERCENT, PROXY_GC_MEMORY_LIMIT; GOGC and GOMEMLIMIT win) and
 // obeys the proxy's set_gc broadcasts; it logs as the proxy does
@@ -23,6 +28,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -79,6 +85,9 @@ func run(ctx context.Context, args []string, env map[string]string, stdout, stde
 	grace := fs.Duration("grace", 20*time.Second, "how long SIGTERM waits for the requests in flight (graceful_shutdown_timeout_s)")
 	configPath := fs.String("config", "", "take the handler, replicas, limit, user_config and grace from this proxy config `file`'s deployment (with -deployment)")
 	deployment := fs.String("deployment", "", "with -config, the `app/name` of a deployment with handler: host and host_handler")
+	tlsCert := fs.String("tls-cert", "", "serve TLS with this PEM certificate `file` (with -tls-key)")
+	tlsKey := fs.String("tls-key", "", "the PEM `file` of -tls-cert's key")
+	tlsClientCA := fs.String("tls-client-ca", "", "with -tls-cert, accept only proxies whose client certificate one of the PEM certificates in this `file` signed")
 	if err := fs.Parse(args); err != nil {
 		return exitInvalid
 	}
@@ -124,6 +133,11 @@ func run(ctx context.Context, args []string, env map[string]string, stdout, stde
 	if *name == "" {
 		*name = *handler
 	}
+	tlsCfg, err := serverTLS(*tlsCert, *tlsKey, *tlsClientCA)
+	if err != nil {
+		fmt.Fprintf(stderr, "replica: %v\n", err)
+		return exitInvalid
+	}
 	log := newLogger(stderr, e)
 	h, err := replica.NewHost(replica.HostConfig{
 		Name: *name, Factory: factory, UserConfig: uc,
@@ -138,12 +152,20 @@ func run(ctx context.Context, args []string, env map[string]string, stdout, stde
 		fmt.Fprintf(stderr, "replica: -listen %s: %v\n", *listen, err)
 		return exitFailed
 	}
+	if tlsCfg != nil {
+		l = tls.NewListener(l, tlsCfg)
+	}
 	// The bound address, not the flag's, so that ":0" says the real port.
 	fmt.Fprintf(stdout, "listening on %s\n", l.Addr())
 	st := gc.State()
 	log.Info().Str("listen", l.Addr().String()).Str("handler", *handler).Int("replicas", *replicas).
 		Int("max_ongoing_requests", *maxOngoing).Int("gc_percent", st.Percent).Str("gc_memory_limit", st.MemoryLimit).
+		Bool("tls", tlsCfg != nil).Bool("tls_client_auth", *tlsClientCA != "").
 		Msg("replica host serving")
+	if *tlsClientCA == "" && !isLoopback(l.Addr()) {
+		log.Warn().Str("listen", l.Addr().String()).
+			Msg("replica host: listening beyond loopback without -tls-client-ca: anyone who can reach this port can send its actors requests and control calls")
+	}
 
 	served := make(chan error, 1)
 	go func() { served <- h.Serve(l) }()
@@ -167,6 +189,32 @@ func run(ctx context.Context, args []string, env map[string]string, stdout, stde
 	}
 	log.Info().Msg("replica host stopped")
 	return exitOK
+}
+
+// serverTLS checks the -tls-* flags and loads their files: nil, nil for
+// plain TCP.
+func serverTLS(cert, key, clientCA string) (*tls.Config, error) {
+	switch {
+	case cert == "" && key == "" && clientCA == "":
+		return nil, nil
+	case cert == "" && key == "":
+		return nil, errors.New("-tls-client-ca: needs -tls-cert and -tls-key (the host's own certificate)")
+	case cert == "":
+		return nil, errors.New("-tls-key: needs -tls-cert")
+	case key == "":
+		return nil, errors.New("-tls-cert: needs -tls-key")
+	}
+	cfg, err := config.ServerTLS(cert, key, clientCA)
+	if err != nil {
+		return nil, fmt.Errorf("-tls-cert, -tls-key, -tls-client-ca: %w", err)
+	}
+	return cfg, nil
+}
+
+// isLoopback reports whether a is a loopback address.
+func isLoopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
 }
 
 func newLogger(w io.Writer, e config.Env) zerolog.Logger {

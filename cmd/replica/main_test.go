@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -19,6 +20,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/serveproxy/serveproxy/config"
 	"github.com/serveproxy/serveproxy/replica"
 )
 
@@ -151,6 +153,11 @@ func TestRunBadInput(t *testing.T) {
 		{"bad flag", []string{"-nope"}, "flag provided but not defined"},
 		{"bad address", []string{"-listen", "256.0.0.1:1"}, "listen"},
 		{"port in use", []string{"-listen", taken.Addr().String()}, "-listen " + taken.Addr().String() + ": listen tcp " + taken.Addr().String() + ": bind: address already in use"},
+		{"tls cert without key", []string{"-tls-cert", tlsDir + "host.pem"}, "-tls-cert: needs -tls-key"},
+		{"tls key without cert", []string{"-tls-key", tlsDir + "host-key.pem"}, "-tls-key: needs -tls-cert"},
+		{"client CA alone", []string{"-tls-client-ca", tlsDir + "ca.pem"}, "-tls-client-ca: needs -tls-cert and -tls-key"},
+		{"tls files that do not match", []string{"-tls-cert", tlsDir + "host.pem", "-tls-key", tlsDir + "proxy-key.pem"}, "private key does not match public key"},
+		{"a client CA file of no certificate", []string{"-tls-cert", tlsDir + "host.pem", "-tls-key", tlsDir + "host-key.pem", "-tls-client-ca", tlsDir + "host-key.pem"}, "no PEM certificate"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr strings.Builder
@@ -159,6 +166,75 @@ func TestRunBadInput(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q; want a failure saying %q", got, stderr.String(), tt.want)
 			}
 		})
+	}
+}
+
+// tlsDir holds the tests' certificates (see its README).
+const tlsDir = "../../config/testdata/tls/"
+
+// lockedBuilder is a strings.Builder that several goroutines' loggers may
+// write at once, as they may an *os.File.
+type lockedBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuilder) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestRunServesMutualTLS(t *testing.T) {
+	stdout := &lineWriter{lines: make(chan string, 10)}
+	var stderr lockedBuilder
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, []string{"-handler", "static", "-listen", "127.0.0.1:0", "-user-config", `{"body":"sealed"}`,
+			"-tls-cert", tlsDir + "host.pem", "-tls-key", tlsDir + "host-key.pem", "-tls-client-ca", tlsDir + "ca.pem"},
+			map[string]string{"PROXY_GC_TUNING": "false"}, stdout, &stderr)
+	}()
+	addr := listening(t, stdout.lines)
+	cfg, err := (&config.HostTLS{CAFile: tlsDir + "ca.pem", CertFile: tlsDir + "proxy.pem", KeyFile: tlsDir + "proxy-key.pem"}).ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	c, err := replica.ConnectHost(cctx, addr, replica.HostOptions{Dial: (&tls.Dialer{Config: cfg}).DialContext})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Replicas()[0].SetState(replica.StateRunning)
+	body, err := get(t, c, 0, "/")
+	c.Close()
+	if err != nil || body != "sealed" {
+		t.Fatalf("over TLS: %q, %v", body, err)
+	}
+	// Without a client certificate the host refuses the proxy.
+	if c, err := replica.ConnectHost(cctx, addr, replica.HostOptions{}); err == nil {
+		c.Close()
+		t.Fatal("plain TCP connected to a TLS host")
+	}
+	cancel()
+	select {
+	case got := <-code:
+		if got != exitOK {
+			t.Fatalf("exit %d, stderr %s", got, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("run did not return")
+	}
+	if log := stderr.String(); !strings.Contains(log, `"tls":true,"tls_client_auth":true`) || strings.Contains(log, "without -tls-client-ca") {
+		t.Errorf("log:\n%s", log)
 	}
 }
 

@@ -1,0 +1,97 @@
+package config
+
+import (
+	"crypto/tls"
+	"strings"
+	"testing"
+)
+
+// tlsDir holds the tests' certificates (see its README).
+const tlsDir = "testdata/tls/"
+
+func TestParseHostTLS(t *testing.T) {
+	c, err := Parse("test.yaml", []byte(kindDeployment("host", `        hosts: ["10.0.0.5:9001"]
+        host_tls:
+          ca_file: `+tlsDir+`ca.pem
+          cert_file: `+tlsDir+`proxy.pem
+          key_file: `+tlsDir+`proxy-key.pem
+          server_name: replica.test
+`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ht := c.Applications[0].Deployments[0].HostTLS
+	if ht == nil || ht.ServerName != "replica.test" {
+		t.Fatalf("host_tls %+v", ht)
+	}
+	cfg, err := ht.ClientConfig()
+	if err != nil || cfg.RootCAs == nil || len(cfg.Certificates) != 1 || cfg.ServerName != "replica.test" || cfg.MinVersion != tls.VersionTLS13 {
+		t.Fatalf("ClientConfig: %v %+v", err, cfg)
+	}
+
+	// Absent or null: plain TCP. An empty mapping: TLS with the system's roots.
+	for src, on := range map[string]bool{"": false, "        host_tls:\n": false, "        host_tls: {}\n": true} {
+		c, err := Parse("test.yaml", []byte(kindDeployment("host", "        hosts: [\"10.0.0.5:9001\"]\n"+src)))
+		if err != nil {
+			t.Fatalf("%q: %v", src, err)
+		}
+		if got := c.Applications[0].Deployments[0].HostTLS != nil; got != on {
+			t.Errorf("%q: TLS on %v, want %v", src, got, on)
+		}
+	}
+}
+
+func TestParseHostTLSErrors(t *testing.T) {
+	tests := []struct {
+		name, extra, field string
+		line               int
+		msg                string
+	}{
+		{"not a host", "        host_tls: {}\n", "host_tls", 6, `is only for handler "host"`},
+		{"unknown field", "        hosts: [\"h:1\"]\n        host_tls: {ca: x}\n", "host_tls.ca", 7, "unknown field; known fields are ca_file, cert_file, key_file, server_name"},
+		{"no CA file", "        hosts: [\"h:1\"]\n        host_tls:\n          ca_file: " + tlsDir + "none.pem\n", "host_tls.ca_file", 8, "no such file"},
+		{"a CA file of no certificate", "        hosts: [\"h:1\"]\n        host_tls:\n          ca_file: " + tlsDir + "README.md\n", "host_tls.ca_file", 8, "no PEM certificate in it"},
+		{"cert without key", "        hosts: [\"h:1\"]\n        host_tls:\n          cert_file: " + tlsDir + "proxy.pem\n", "host_tls.key_file", 7, "required with cert_file"},
+		{"key without cert", "        hosts: [\"h:1\"]\n        host_tls:\n          key_file: " + tlsDir + "proxy-key.pem\n", "host_tls.cert_file", 7, "required with key_file"},
+		{"a key of another certificate", "        hosts: [\"h:1\"]\n        host_tls:\n          cert_file: " + tlsDir + "proxy.pem\n          key_file: " + tlsDir + "host-key.pem\n",
+			"host_tls.cert_file", 8, "with key_file: tls: private key does not match public key"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src := kindDeployment("host", tt.extra)
+			if tt.name == "not a host" {
+				src = withDeployment(tt.extra)
+			}
+			errs := parseErrors(t, src)
+			var found bool
+			for _, e := range errs {
+				if strings.HasSuffix(e.Field, tt.field) && e.Line == tt.line && strings.Contains(e.Msg, tt.msg) {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("errors %v, want one at %s line %d saying %q", errs, tt.field, tt.line, tt.msg)
+			}
+		})
+	}
+}
+
+func TestServerTLS(t *testing.T) {
+	cfg, err := ServerTLS(tlsDir+"host.pem", tlsDir+"host-key.pem", "")
+	if err != nil || len(cfg.Certificates) != 1 || cfg.ClientAuth != tls.NoClientCert {
+		t.Fatalf("without a client CA: %v %+v", err, cfg)
+	}
+	cfg, err = ServerTLS(tlsDir+"host.pem", tlsDir+"host-key.pem", tlsDir+"ca.pem")
+	if err != nil || cfg.ClientAuth != tls.RequireAndVerifyClientCert || cfg.ClientCAs == nil {
+		t.Fatalf("with a client CA: %v %+v", err, cfg)
+	}
+	for _, bad := range [][3]string{
+		{tlsDir + "none.pem", tlsDir + "host-key.pem", ""},
+		{tlsDir + "host.pem", tlsDir + "proxy-key.pem", ""},
+		{tlsDir + "host.pem", tlsDir + "host-key.pem", tlsDir + "host-key.pem"},
+	} {
+		if _, err := ServerTLS(bad[0], bad[1], bad[2]); err == nil {
+			t.Errorf("ServerTLS%q: no error", bad)
+		}
+	}
+}

@@ -1,0 +1,100 @@
+package replica
+
+import (
+	"context"
+	"crypto/tls"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/serveproxy/serveproxy/config"
+)
+
+// tlsTestdata is where the tests' certificates are (see its README).
+const tlsTestdata = "../config/testdata/tls/"
+
+// tlsHost starts a host on a TLS listener whose clients must show a
+// certificate signed by the tests' CA.
+func tlsHost(t *testing.T) string {
+	t.Helper()
+	cfg, err := config.ServerTLS(tlsTestdata+"host.pem", tlsTestdata+"host-key.pem", tlsTestdata+"ca.pem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveHost(t, HostConfig{Name: "echo", Factory: factoryOf(echoHandler), Replicas: 1, MaxOngoing: 4}, tls.NewListener(l, cfg))
+	return l.Addr().String()
+}
+
+// tlsDial is HostOptions.Dial for the given host_tls.
+func tlsDial(t *testing.T, ht config.HostTLS) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	t.Helper()
+	cfg, err := ht.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return (&tls.Dialer{Config: cfg}).DialContext
+}
+
+func TestHostMutualTLS(t *testing.T) {
+	noLeaks(t)
+	addr := tlsHost(t)
+	c := connect(t, addr, HostOptions{Dial: tlsDial(t, config.HostTLS{
+		CAFile: tlsTestdata + "ca.pem", CertFile: tlsTestdata + "proxy.pem", KeyFile: tlsTestdata + "proxy-key.pem",
+	})})
+	req, err := http.NewRequest(http.MethodPost, "http://example.test/over/tls", strings.NewReader("sealed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := serveOn(t, c.Replicas()[0], req)
+	if err != nil || w.status != http.StatusCreated || !strings.Contains(w.body.String(), "/over/tls") || !strings.HasSuffix(w.body.String(), "body=sealed") {
+		t.Fatalf("over TLS: %v, %d %q", err, w.status, w.body.String())
+	}
+}
+
+func TestHostTLSRefusals(t *testing.T) {
+	noLeaks(t)
+	addr := tlsHost(t)
+	for _, tc := range []struct {
+		name string
+		tls  config.HostTLS
+		want string // in ConnectHost's error
+	}{
+		{"no client certificate", config.HostTLS{CAFile: tlsTestdata + "ca.pem"}, "certificate required"},
+		{"a certificate of another CA", config.HostTLS{
+			CAFile: tlsTestdata + "ca.pem", CertFile: tlsTestdata + "stranger.pem", KeyFile: tlsTestdata + "stranger-key.pem",
+		}, "certificate required"}, // Go's client sends none the host's CAs did not sign
+		{"a host the proxy does not trust", config.HostTLS{
+			CAFile: tlsTestdata + "other-ca.pem", CertFile: tlsTestdata + "proxy.pem", KeyFile: tlsTestdata + "proxy-key.pem",
+		}, "certificate signed by unknown authority"},
+		{"the wrong name", config.HostTLS{
+			CAFile: tlsTestdata + "ca.pem", CertFile: tlsTestdata + "proxy.pem", KeyFile: tlsTestdata + "proxy-key.pem",
+			ServerName: "elsewhere.test",
+		}, "not elsewhere.test"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := ConnectHost(ctx, addr, HostOptions{Dial: tlsDial(t, tc.tls)})
+			if err == nil {
+				c.Close()
+				t.Fatal("connected; want a refusal")
+			}
+			if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), addr) {
+				t.Errorf("error %q, want one naming %s and saying %q", err, addr, tc.want)
+			}
+		})
+	}
+	// Plain TCP to a TLS host: the handshake fails, it does not hang.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if c, err := ConnectHost(ctx, addr, HostOptions{}); err == nil {
+		c.Close()
+		t.Fatal("plain TCP connected to a TLS host")
+	}
+}
