@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -80,6 +81,11 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	p.record(r, id, start, &res)
 	if res.abort {
 		panic(http.ErrAbortHandler)
+	}
+	// net/http writes the answer out when this returns; the slot is free
+	// and the status settled by now (see replica.AnswerBatcher).
+	if b, ok := res.replica.(replica.AnswerBatcher); ok && b.BatchAnswers() {
+		runtime.Gosched()
 	}
 }
 

@@ -27,8 +27,9 @@ type exiter interface {
 type upstreamReplica struct{ *Upstream }
 
 var (
-	_ Replica = (*upstreamReplica)(nil)
-	_ Stopper = (*upstreamReplica)(nil)
+	_ Replica       = (*upstreamReplica)(nil)
+	_ Stopper       = (*upstreamReplica)(nil)
+	_ AnswerBatcher = (*upstreamReplica)(nil)
 )
 
 // NewUpstreamReplica returns a replica, in StateStarting, that forwards to
@@ -78,9 +79,10 @@ type commandReplica struct {
 }
 
 var (
-	_ Replica = (*commandReplica)(nil)
-	_ Stopper = (*commandReplica)(nil)
-	_ exiter  = (*commandReplica)(nil)
+	_ Replica       = (*commandReplica)(nil)
+	_ Stopper       = (*commandReplica)(nil)
+	_ exiter        = (*commandReplica)(nil)
+	_ AnswerBatcher = (*commandReplica)(nil)
 )
 
 // healthPoll is how often a starting process is asked whether it serves.

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -217,6 +216,10 @@ type outgoing struct {
 	xfh  [1]string // X-Forwarded-Host's value
 }
 
+// BatchAnswers implements AnswerBatcher: an HTTP replica's answers go out
+// in bursts under load, as its requests do (see clientConn.roundTrip).
+func (u *Upstream) BatchAnswers() bool { return true }
+
 // Serve implements Handle: it forwards r to the replica and copies the
 // answer to w, streaming both bodies and flushing streamed responses as
 // they come.
@@ -328,11 +331,6 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 			hdr[prefix+k] = vv
 		}
 	}
-	// The server writes the answer out once the handler returns. Yield
-	// first, as the client does before a request's write: the answers of
-	// the requests ready with this one then leave together, and their
-	// clients wake once for several.
-	runtime.Gosched()
 	return nil
 }
 

@@ -492,12 +492,13 @@ func (cc *clientConn) roundTrip(req *http.Request) (res *http.Response, answered
 		wrote = make(chan error, 1)
 		go cc.writeBody(req, chunked, wrote)
 	} else {
-		// Yield before the write. The other requests made ready by the
-		// same poll then reach this point too, and their heads leave in
-		// a burst: the replica wakes once for several requests instead
-		// of once for each, which on a busy machine is most of what a
-		// small request costs it (see the README's forwarding section).
-		// With nothing else runnable, this returns at once.
+		// Yield before the write: the goroutines runnable now go first,
+		// and under load those are other requests on their way to this
+		// point, so that their heads leave in a burst. The replica then
+		// wakes once for several requests instead of once for each,
+		// which on a busy machine is much of what a small request costs
+		// it (see "Speed of forwarding" in the README). With nothing
+		// else runnable, this returns at once.
 		runtime.Gosched()
 		if err := cc.bw.Flush(); err != nil {
 			return fail(err)
