@@ -656,6 +656,43 @@ func TestFullDuplexWithTimeout(t *testing.T) {
 	}
 }
 
+// With a request timeout, what a handler sets in the header after writing
+// it (trailers), or before returning without writing (a 200 with headers),
+// reaches the client as it would without one.
+func TestHeaderAfterTheFactWithTimeout(t *testing.T) {
+	for _, timeout := range []time.Duration{0, 10 * time.Second} {
+		t.Run(fmt.Sprint("timeout=", timeout), func(t *testing.T) {
+			tp := startProxy(t, Options{RequestTimeout: timeout},
+				testDeployment{app: "t", prefix: "/trailer", factory: handlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+					w.Header().Set("Trailer", "X-Checksum")
+					_, _ = io.WriteString(w, "body")
+					w.Header().Set("X-Checksum", "abc")
+					w.Header().Set(http.TrailerPrefix+"X-Late", "def")
+				})},
+				testDeployment{app: "e", prefix: "/empty", factory: handlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+					w.Header().Set("X-Only", "header")
+				})})
+			resp, err := http.Get(tp.url + "/trailer")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if string(b) != "body" || resp.Trailer.Get("X-Checksum") != "abc" || resp.Trailer.Get("X-Late") != "def" {
+				t.Errorf("trailers: %q, %v", b, resp.Trailer)
+			}
+			resp, err = http.Get(tp.url + "/empty")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 || resp.Header.Get("X-Only") != "header" {
+				t.Errorf("a handler that only sets a header: %d %v", resp.StatusCode, resp.Header)
+			}
+		})
+	}
+}
+
 // TestMetricsOfGoneReplicasPruned checks that a replica scaled away takes
 // its per-replica series with it once the grace has passed, so that
 // replica churn cannot grow /metrics without bound, and that scrapes

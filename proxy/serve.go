@@ -178,14 +178,17 @@ func (p *Proxy) serveWithDeadline(ctx context.Context, h replica.Handle, release
 	}()
 	select {
 	case err := <-done:
-		dw.close()
+		dw.finish(err)
 		return err
 	case <-ctx.Done():
 	}
 	dw.close()
 	select {
 	case err := <-done:
-		return err // it finished just as the deadline passed
+		// It finished just as the deadline passed: its answer stands if
+		// it began (the proxy answers 408 if not, so its header stays
+		// out).
+		return err
 	default:
 	}
 	// If the response had begun, it is too late for a status: route sees

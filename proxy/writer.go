@@ -140,3 +140,21 @@ func (dw *deadlineWriter) close() {
 	defer dw.mu.Unlock()
 	dw.closed = true
 }
+
+// finish is close for a handler that has returned, with err. What it
+// set in the header after writing it (its trailers, which net/http reads
+// from the header map once ServeHTTP returns) is passed on, and so is the
+// header of a handler that returned nil without writing (an empty 200
+// with its headers). A failed handler's header, never written, is not:
+// the proxy answers for it.
+func (dw *deadlineWriter) finish(err error) {
+	dw.mu.Lock()
+	defer dw.mu.Unlock()
+	if dw.w.wroteHeader || err == nil {
+		dst := dw.w.Header()
+		for k, v := range dw.header {
+			dst[k] = v
+		}
+	}
+	dw.closed = true
+}
