@@ -29,8 +29,8 @@ func TestParseHostTLS(t *testing.T) {
 		t.Fatalf("ClientConfig: %v %+v", err, cfg)
 	}
 
-	// Absent or null: plain TCP. An empty mapping: TLS with the system's roots.
-	for src, on := range map[string]bool{"": false, "        host_tls:\n": false, "        host_tls: {}\n": true} {
+	// Absent: plain TCP. An empty mapping: TLS with the system's roots.
+	for src, on := range map[string]bool{"": false, "        host_tls: {}\n": true} {
 		c, err := Parse("test.yaml", []byte(kindDeployment("host", "        hosts: [\"10.0.0.5:9001\"]\n"+src)))
 		if err != nil {
 			t.Fatalf("%q: %v", src, err)
@@ -49,12 +49,10 @@ func TestParseHostTLSErrors(t *testing.T) {
 	}{
 		{"not a host", "        host_tls: {}\n", "host_tls", 6, `is only for handler "host"`},
 		{"unknown field", "        hosts: [\"h:1\"]\n        host_tls: {ca: x}\n", "host_tls.ca", 7, "unknown field; known fields are ca_file, cert_file, key_file, server_name"},
-		{"no CA file", "        hosts: [\"h:1\"]\n        host_tls:\n          ca_file: " + tlsDir + "none.pem\n", "host_tls.ca_file", 8, "no such file"},
-		{"a CA file of no certificate", "        hosts: [\"h:1\"]\n        host_tls:\n          ca_file: " + tlsDir + "README.md\n", "host_tls.ca_file", 8, "no PEM certificate in it"},
-		{"cert without key", "        hosts: [\"h:1\"]\n        host_tls:\n          cert_file: " + tlsDir + "proxy.pem\n", "host_tls.key_file", 7, "required with cert_file"},
-		{"key without cert", "        hosts: [\"h:1\"]\n        host_tls:\n          key_file: " + tlsDir + "proxy-key.pem\n", "host_tls.cert_file", 7, "required with key_file"},
-		{"a key of another certificate", "        hosts: [\"h:1\"]\n        host_tls:\n          cert_file: " + tlsDir + "proxy.pem\n          key_file: " + tlsDir + "host-key.pem\n",
-			"host_tls.cert_file", 8, "with key_file: tls: private key does not match public key"},
+		{"empty", "        hosts: [\"h:1\"]\n        host_tls:\n", "host_tls", 7, "is empty: give its fields ({} for their defaults), or remove it"},
+		{"a list", "        hosts: [\"h:1\"]\n        host_tls: [a]\n", "host_tls", 7, "must be a mapping"},
+		{"cert without key", "        hosts: [\"h:1\"]\n        host_tls:\n          cert_file: proxy.pem\n", "host_tls.key_file", 7, "required with cert_file"},
+		{"key without cert", "        hosts: [\"h:1\"]\n        host_tls:\n          key_file: proxy-key.pem\n", "host_tls.cert_file", 7, "required with key_file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -71,6 +69,46 @@ func TestParseHostTLSErrors(t *testing.T) {
 			}
 			if !found {
 				t.Errorf("errors %v, want one at %s line %d saying %q", errs, tt.field, tt.line, tt.msg)
+			}
+		})
+	}
+}
+
+// TestHostTLSProblems checks that the files are read by Problems (the
+// proxy's -check), not by Parse, which a host started from the same file
+// uses too, and that each problem names its own field and file.
+func TestHostTLSProblems(t *testing.T) {
+	missing := HostTLS{CAFile: tlsDir + "none.pem", CertFile: tlsDir + "none-cert.pem", KeyFile: tlsDir + "proxy-key.pem"}
+	if _, err := Parse("test.yaml", []byte(kindDeployment("host", "        hosts: [\"h:1\"]\n        host_tls: {ca_file: "+missing.CAFile+", cert_file: "+missing.CertFile+", key_file: "+missing.KeyFile+"}\n"))); err != nil {
+		t.Fatalf("Parse read the TLS files: %v", err)
+	}
+	for _, tt := range []struct {
+		name string
+		ht   HostTLS
+		want []string // "field: message part", in order
+	}{
+		{"fine", HostTLS{CAFile: tlsDir + "ca.pem", CertFile: tlsDir + "proxy.pem", KeyFile: tlsDir + "proxy-key.pem"}, nil},
+		{"missing files", missing, []string{"ca_file: open " + tlsDir + "none.pem: no such file", "cert_file: open " + tlsDir + "none-cert.pem: no such file"}},
+		{"a CA file of no certificate", HostTLS{CAFile: tlsDir + "README.md"}, []string{"ca_file: " + tlsDir + "README.md: no PEM certificate in it"}},
+		{"a certificate file of no certificate", HostTLS{CertFile: tlsDir + "proxy-key.pem", KeyFile: tlsDir + "proxy-key.pem"},
+			[]string{"cert_file: " + tlsDir + "proxy-key.pem: no PEM certificate in it"}},
+		{"a key of another certificate", HostTLS{CertFile: tlsDir + "proxy.pem", KeyFile: tlsDir + "host-key.pem"},
+			[]string{"key_file: " + tlsDir + "host-key.pem: tls: private key does not match public key"}},
+		{"a certificate for a key", HostTLS{CertFile: tlsDir + "proxy.pem", KeyFile: tlsDir + "proxy.pem"},
+			[]string{"key_file: " + tlsDir + "proxy.pem: tls: found a certificate rather than a key"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := tt.ht.Problems()
+			if len(got) != len(tt.want) {
+				t.Fatalf("problems %v, want %d: %v", got, len(tt.want), tt.want)
+			}
+			for i, p := range got {
+				if !strings.Contains(p.Error(), tt.want[i]) {
+					t.Errorf("problem %d: %q, want %q", i, p.Error(), tt.want[i])
+				}
+			}
+			if _, err := tt.ht.ClientConfig(); (err == nil) != (len(tt.want) == 0) {
+				t.Errorf("ClientConfig: %v", err)
 			}
 		})
 	}

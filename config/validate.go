@@ -282,12 +282,15 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 				v.report(p.child("user_config"), `is for handler "host" only with host_handler; otherwise give it to cmd/replica (-user-config), or PUT it to the running deployment`)
 			}
 		}
-		if d.HostTLS != nil {
-			// The files are read now, so that -check finds a missing or
-			// bad one rather than the first connection.
-			_, problems := d.HostTLS.load()
-			for _, pr := range problems {
-				v.report(p.child("host_tls").child(pr.field), "%v", pr.err)
+		if t := d.HostTLS; t != nil {
+			// The files are the proxy's (cmd/proxy reads them at -check
+			// and at start); a host started from this file never needs
+			// them. Only their pairing is checked here.
+			switch {
+			case t.CertFile != "" && t.KeyFile == "":
+				v.report(p.child("host_tls").child("key_file"), "required with cert_file: the certificate's key")
+			case t.KeyFile != "" && t.CertFile == "":
+				v.report(p.child("host_tls").child("cert_file"), "required with key_file: the key's certificate")
 			}
 		}
 		if slices.Contains([]string{HandlerHost, HandlerUpstream, HandlerCommand}, d.HostHandler) {

@@ -228,17 +228,23 @@ func (d *decoder) value(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
 		d.fail(p, at, "%s", d.aliasProblem(a))
 		return
 	}
-	if isNull(n) && (dst.Kind() == reflect.Struct || dst.Kind() == reflect.Slice || dst.Kind() == reflect.Pointer) {
-		return // an empty section: keep the defaults (nil: the section is off)
+	optional := dst.Kind() == reflect.Pointer && dst.Type().Elem().Kind() == reflect.Struct
+	if isNull(n) && optional {
+		// An optional section that turns something on (host_tls) must not
+		// turn it off by being left empty, its fields commented out.
+		d.fail(p, at, "is empty: give its fields ({} for their defaults), or remove it")
+		return
+	}
+	if isNull(n) && (dst.Kind() == reflect.Struct || dst.Kind() == reflect.Slice) {
+		return // an empty section: keep the defaults
 	}
 	switch {
 	case dst.Type() == rawMessageType:
 		d.userConfig(dst, n, p, at)
 	case dst.Kind() == reflect.Struct:
 		d.mapping(dst, n, p, at)
-	case dst.Kind() == reflect.Pointer && dst.Type().Elem().Kind() == reflect.Struct:
-		// An optional section (host_tls): a mapping, even {}, turns it
-		// on; null, above, leaves it off.
+	case optional:
+		// An optional section (host_tls): a mapping, even {}, turns it on.
 		v := reflect.New(dst.Type().Elem())
 		d.mapping(v.Elem(), n, p, at)
 		dst.Set(v)

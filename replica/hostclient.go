@@ -351,6 +351,7 @@ func (c *HostConn) reconnect(i int) {
 		c.o.Log.Warn().Str("host", c.addr).Err(err).Msg("replica host connection lost; reconnecting")
 		c.reportReachability()
 		backoff := reconnectMin
+		var told string // the redial error last logged at Warn
 		for {
 			t := time.NewTimer(backoff)
 			select {
@@ -363,7 +364,14 @@ func (c *HostConn) reconnect(i int) {
 			ncc, hl, err := c.dial(c.ctx)
 			if err != nil {
 				c.setErr(err)
-				c.o.Log.Debug().Str("host", c.addr).Err(err).Dur("retry_in", backoff).Msg("replica host still unreachable")
+				// A new reason (a certificate refused after a renewal,
+				// say, rather than the host still down) is worth a Warn;
+				// the same one again, every retry, is not.
+				ev := c.o.Log.Debug()
+				if msg := err.Error(); msg != told {
+					ev, told = c.o.Log.Warn(), msg
+				}
+				ev.Str("host", c.addr).Err(err).Dur("retry_in", backoff).Msg("replica host still unreachable")
 				continue
 			}
 			c.bind(ncc, hl)

@@ -149,6 +149,15 @@ func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Confi
 			if failed[field+".handler"] || failed[field] {
 				continue // reported already
 			}
+			if d.HostTLS != nil && !failed[field+".host_tls"] {
+				// The proxy's own TLS files, read now rather than at the
+				// first connection.
+				for _, pr := range d.HostTLS.Problems() {
+					if !failed[field+".host_tls."+pr.Field] {
+						found = append(found, fieldError(cfg, path, field+".host_tls."+pr.Field, errors.New(pr.Message())))
+					}
+				}
+			}
 			handlerField, kind := field+".handler", d.Handler
 			switch {
 			case d.Handler == config.HandlerHost && d.HostHandler != "" && !failed[field+".host_handler"]:

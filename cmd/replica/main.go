@@ -205,10 +205,12 @@ func serverTLS(cert, key, clientCA string) (*tls.Config, error) {
 		return nil, errors.New("-tls-cert: needs -tls-key")
 	}
 	cfg, err := config.ServerTLS(cert, key, clientCA)
-	if err != nil {
-		return nil, fmt.Errorf("-tls-cert, -tls-key, -tls-client-ca: %w", err)
+	var fe *config.TLSFileError
+	if errors.As(err, &fe) {
+		flag := map[string]string{"cert": "-tls-cert", "key": "-tls-key", "client_ca": "-tls-client-ca"}[fe.Field]
+		return nil, fmt.Errorf("%s: %s", flag, fe.Message())
 	}
-	return cfg, nil
+	return cfg, err
 }
 
 // isLoopback reports whether a is a loopback address.

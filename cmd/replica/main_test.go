@@ -318,6 +318,10 @@ const hostsConfig = `applications:
         num_replicas: 2
         max_ongoing_requests: 9
         user_config: {body: from the file}
+        host_tls:   # the proxy's files, not on the host's machine: never read here
+          ca_file: /proxy-only/ca.pem
+          cert_file: /proxy-only/proxy.pem
+          key_file: /proxy-only/proxy-key.pem
       - name: plain
         handler: host
         hosts: ["127.0.0.1:9002"]
