@@ -682,7 +682,8 @@ func TestReplicaHostMutualTLS(t *testing.T) {
 	}
 	host := startReplicaHost(t, "-handler", "static", "-replicas", "2", "-max-ongoing", "10", "-user-config", `{"body":"sealed"}`,
 		"-tls-cert", tlsDir+"/host.pem", "-tls-key", tlsDir+"/host-key.pem", "-tls-client-ca", tlsDir+"/ca.pem")
-	conf := func(cert string) string {
+	// conf is a config of the host with these host_tls fields.
+	conf := func(fields string) string {
 		return writeConfig(t, `applications:
   - name: hi
     route_prefix: /
@@ -691,12 +692,12 @@ func TestReplicaHostMutualTLS(t *testing.T) {
         handler: host
         hosts: ["`+host.addr+`"]
         host_tls:
-          ca_file: `+tlsDir+`/ca.pem
-          cert_file: `+tlsDir+`/`+cert+`.pem
-          key_file: `+tlsDir+`/`+cert+`-key.pem
-`)
+`+fields)
 	}
-	p := startProxy(t, nil, "-config", conf("proxy"))
+	withCert := func(cert string) string {
+		return conf("          ca_file: " + tlsDir + "/ca.pem\n          cert_file: " + tlsDir + "/" + cert + ".pem\n          key_file: " + tlsDir + "/" + cert + "-key.pem\n")
+	}
+	p := startProxy(t, nil, "-config", withCert("proxy"))
 	c := newClient(t, 10)
 	for i := range 50 {
 		if r := get(t, c, "http://"+p.HTTPAddr+"/"); r.status != 200 || r.body != "sealed" {
@@ -707,21 +708,12 @@ func TestReplicaHostMutualTLS(t *testing.T) {
 	// A proxy whose certificate another CA signed: the host refuses it,
 	// and, as for a host down at start, the proxy exits naming the host
 	// and why.
-	res := runProxy(t, nil, "-config", conf("stranger"))
+	res := runProxy(t, nil, "-config", withCert("stranger"))
 	if res.code != 1 || !strings.Contains(res.stderr, "replica host "+host.addr) || !strings.Contains(res.stderr, "tls: certificate required") {
 		t.Errorf("a proxy the host refuses: exit %d, stderr %s; want 1 naming the host and the TLS alert", res.code, res.stderr)
 	}
 
-	res = runProxy(t, nil, "-check", "-config", writeConfig(t, `applications:
-  - name: hi
-    route_prefix: /
-    deployments:
-      - name: hi
-        handler: host
-        hosts: ["`+host.addr+`"]
-        host_tls:
-          ca_file: `+tlsDir+`/host-key.pem
-`))
+	res = runProxy(t, nil, "-check", "-config", conf("          ca_file: "+tlsDir+"/host-key.pem\n"))
 	if res.code != 2 || !strings.Contains(res.stderr, ":9: applications[0].deployments[0].host_tls.ca_file: "+tlsDir+"/host-key.pem: no PEM certificate in it") {
 		t.Errorf("-check with a key for a CA: exit %d\n%s", res.code, res.stderr)
 	}

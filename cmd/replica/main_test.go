@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -124,15 +125,7 @@ func TestRunServesAndStops(t *testing.T) {
 	if body, err := get(t, c, 1, "/"); err != nil || body != "hi" {
 		t.Fatalf("%q, %v", body, err)
 	}
-	cancel()
-	select {
-	case got := <-code:
-		if got != exitOK {
-			t.Fatalf("exit %d, stderr %s", got, stderr.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("run did not return")
-	}
+	stopRun(t, cancel, code, &stderr)
 }
 
 func TestRunBadInput(t *testing.T) {
@@ -166,6 +159,21 @@ func TestRunBadInput(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q; want a failure saying %q", got, stderr.String(), tt.want)
 			}
 		})
+	}
+}
+
+// stopRun cancels a run started in a goroutine and waits for its exit
+// code, which must be exitOK.
+func stopRun(t *testing.T, cancel context.CancelFunc, code <-chan int, stderr fmt.Stringer) {
+	t.Helper()
+	cancel()
+	select {
+	case got := <-code:
+		if got != exitOK {
+			t.Fatalf("exit %d, stderr %s", got, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("run did not return")
 	}
 }
 
@@ -224,15 +232,7 @@ func TestRunServesMutualTLS(t *testing.T) {
 		c.Close()
 		t.Fatal("plain TCP connected to a TLS host")
 	}
-	cancel()
-	select {
-	case got := <-code:
-		if got != exitOK {
-			t.Fatalf("exit %d, stderr %s", got, stderr.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("run did not return")
-	}
+	stopRun(t, cancel, code, &stderr)
 	if log := stderr.String(); !strings.Contains(log, `"tls":true,"tls_client_auth":true`) || strings.Contains(log, "without -tls-client-ca") {
 		t.Errorf("log:\n%s", log)
 	}
@@ -351,15 +351,7 @@ func TestRunFromConfig(t *testing.T) {
 	if body, err := get(t, c, 0, "/"); err != nil || body != "from the file" {
 		t.Fatalf("%q, %v", body, err)
 	}
-	cancel()
-	select {
-	case got := <-code:
-		if got != exitOK {
-			t.Fatalf("exit %d, stderr %s", got, stderr.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("run did not return")
-	}
+	stopRun(t, cancel, code, &stderr)
 
 	for _, tt := range []struct {
 		args []string
