@@ -90,6 +90,29 @@ func TestHostTLSRefusals(t *testing.T) {
 			}
 		})
 	}
+	// A TLS dial to a host that accepts and says nothing ends at the
+	// deadline, and says what waited.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		for {
+			nc, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer nc.Close()
+		}
+	}()
+	sctx, scancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer scancel()
+	_, err = ConnectHost(sctx, silent.Addr().String(), HostOptions{Dial: tlsDial(t, config.HostTLS{CAFile: tlsTestdata + "ca.pem"})})
+	if err == nil || !strings.Contains(err.Error(), "no connection before the deadline (the TCP connect, and with TLS its handshake)") {
+		t.Errorf("a silent TLS host: %v", err)
+	}
+
 	// Plain TCP to a TLS host: the handshake fails, it does not hang.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -224,6 +224,11 @@ func (c *HostConn) dial(ctx context.Context) (*hostLink, *hostHello, error) {
 	}
 	nc, err := dial(ctx, "tcp", c.addr)
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			// A bare "context deadline exceeded" would not say what
+			// waited: a TLS dialer's handshake is part of the dial.
+			return nil, nil, fmt.Errorf("replica host %s: no connection before the deadline (the TCP connect, and with TLS its handshake): %w", c.addr, err)
+		}
 		return nil, nil, fmt.Errorf("replica host %s: %w", c.addr, err)
 	}
 	// The handshake ends with ctx: a host that accepts and says nothing
