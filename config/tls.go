@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"sync/atomic"
 )
 
 // HostTLS is TLS on the connections of a deployment with handler "host" to
@@ -15,6 +16,7 @@ import (
 // can send a host requests and control calls. It is the proxy's side
 // only: the files are the proxy's, and a host started from the same file
 // (cmd/replica -config) neither reads them nor takes its TLS from them.
+// The proxy reads them again at every dial (see ReloadingTLS).
 type HostTLS struct {
 	// CAFile holds the PEM certificates of the authorities that sign the
 	// hosts' certificates; the system's roots if empty.
@@ -152,4 +154,30 @@ func loadCertPool(path string) (*x509.CertPool, error) {
 		return nil, errNoCertificate
 	}
 	return pool, nil
+}
+
+// ReloadingTLS loads a TLS configuration with load, and returns a function
+// that loads it afresh on each call: a certificate renewed on disk is
+// taken at the next connection, with no restart. When a later load fails
+// (a renewal caught half-written, say), the function returns the last
+// configuration that loaded, and onError, if not nil, is told why. The
+// first load must succeed: its error is returned.
+func ReloadingTLS(load func() (*tls.Config, error), onError func(error)) (func() *tls.Config, error) {
+	first, err := load()
+	if err != nil {
+		return nil, err
+	}
+	var good atomic.Pointer[tls.Config]
+	good.Store(first)
+	return func() *tls.Config {
+		cfg, err := load()
+		if err != nil {
+			if onError != nil {
+				onError(err)
+			}
+			return good.Load()
+		}
+		good.Store(cfg)
+		return cfg
+	}, nil
 }

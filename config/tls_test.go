@@ -2,6 +2,7 @@ package config
 
 import (
 	"crypto/tls"
+	"errors"
 	"strings"
 	"testing"
 )
@@ -131,5 +132,33 @@ func TestServerTLS(t *testing.T) {
 		if _, err := ServerTLS(bad[0], bad[1], bad[2]); err == nil {
 			t.Errorf("ServerTLS%q: no error", bad)
 		}
+	}
+}
+
+func TestReloadingTLS(t *testing.T) {
+	if _, err := ReloadingTLS(func() (*tls.Config, error) { return nil, errors.New("no files") }, nil); err == nil {
+		t.Fatal("a first load that fails: no error")
+	}
+	var (
+		next     = &tls.Config{ServerName: "first"}
+		fail     error
+		reported []error
+	)
+	current, err := ReloadingTLS(func() (*tls.Config, error) {
+		if fail != nil {
+			return nil, fail
+		}
+		return next, nil
+	}, func(err error) { reported = append(reported, err) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	next = &tls.Config{ServerName: "renewed"}
+	if got := current(); got.ServerName != "renewed" {
+		t.Errorf("after a renewal: %q", got.ServerName)
+	}
+	fail = errors.New("half-written")
+	if got := current(); got.ServerName != "renewed" || len(reported) != 1 || reported[0] != fail {
+		t.Errorf("a load that fails: %q, reported %v; want the last good one, and the error reported", got.ServerName, reported)
 	}
 }

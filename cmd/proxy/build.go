@@ -202,11 +202,18 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 		dial  func(ctx context.Context, network, addr string) (net.Conn, error)
 	)
 	if d.HostTLS != nil {
-		cfg, err := d.HostTLS.ClientConfig()
+		// The files are read again at every dial (the start, and each
+		// reconnection): a renewed certificate or CA is taken without a
+		// restart, and one caught half-written leaves the last good one.
+		current, err := config.ReloadingTLS(d.HostTLS.ClientConfig, func(err error) {
+			log.Warn().Str("deployment", d.Name).Err(err).Msg("host_tls: reloading the files failed; dialing with the last ones that loaded")
+		})
 		if err != nil {
 			return nil, fmt.Errorf("host_tls.%w", err)
 		}
-		dial = (&tls.Dialer{Config: cfg}).DialContext
+		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return (&tls.Dialer{Config: current()}).DialContext(ctx, network, addr)
+		}
 	}
 	outOfRouting := func(dd *proxy.Deployment, hc *replica.HostConn) {
 		for _, r := range hc.Replicas() {

@@ -719,6 +719,62 @@ func TestReplicaHostMutualTLS(t *testing.T) {
 	}
 }
 
+// TestProxyTLSFilesReloaded changes the proxy's client certificate on disk
+// while it runs: its redials to a restarted host use the files as they
+// are then, refused with another CA's certificate and let in with its own
+// again, with no restart of the proxy.
+func TestProxyTLSFilesReloaded(t *testing.T) {
+	tlsDir, err := filepath.Abs("../../config/testdata/tls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	use := func(name string) { // the proxy's certificate and key become name's
+		for _, f := range [][2]string{{name + ".pem", "cert.pem"}, {name + "-key.pem", "key.pem"}} {
+			b, err := os.ReadFile(filepath.Join(tlsDir, f[0]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, f[1]), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	use("proxy")
+	args := []string{"-handler", "static", "-user-config", `{"body":"hi"}`,
+		"-tls-cert", tlsDir + "/host.pem", "-tls-key", tlsDir + "/host-key.pem", "-tls-client-ca", tlsDir + "/ca.pem"}
+	host := startReplicaHost(t, args...)
+	p := startProxy(t, nil, "-config", writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: host
+        hosts: ["`+host.addr+`"]
+        health_check_period_s: 60
+        host_tls: {ca_file: `+tlsDir+`/ca.pem, cert_file: `+dir+`/cert.pem, key_file: `+dir+`/key.pem}
+`))
+	c := newClient(t, 4)
+	c.Timeout = 5 * time.Second
+	url := "http://" + p.HTTPAddr + "/"
+	if r := get(t, c, url); r.status != 200 {
+		t.Fatalf("before the change: %d %q", r.status, r.body)
+	}
+
+	use("stranger")
+	_ = host.cmd.Process.Signal(syscall.SIGKILL)
+	startListening(t, replicaBin, append([]string{"-listen", host.addr}, args...)...)
+	if !p.waitLogged("certificate required", 20*time.Second) {
+		t.Fatalf("the redial with another CA's certificate was not refused, or not logged:\n%s", strings.Join(p.stderrLines(), "\n"))
+	}
+	if r := get(t, c, url); r.status != http.StatusServiceUnavailable {
+		t.Errorf("while the host refuses the proxy: %d %q, want 503", r.status, r.body)
+	}
+
+	use("proxy")
+	waitUntil(t, "200 once the proxy's own certificate is back", func() bool { return get(t, c, url).status == http.StatusOK })
+}
+
 // TestReplicaHostGoneThenBack kills a deployment's only replica host, with
 // health checks a minute apart: requests are answered 503 "No replicas are
 // available" at once (within the client's 5 s bound), not queued for the

@@ -133,12 +133,12 @@ func run(ctx context.Context, args []string, env map[string]string, stdout, stde
 	if *name == "" {
 		*name = *handler
 	}
-	tlsCfg, err := serverTLS(*tlsCert, *tlsKey, *tlsClientCA)
+	log := newLogger(stderr, e)
+	tlsCfg, err := serverTLS(*tlsCert, *tlsKey, *tlsClientCA, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "replica: %v\n", err)
 		return exitInvalid
 	}
-	log := newLogger(stderr, e)
 	h, err := replica.NewHost(replica.HostConfig{
 		Name: *name, Factory: factory, UserConfig: uc,
 		Replicas: *replicas, MaxOngoing: *maxOngoing, GC: gc, Log: log,
@@ -192,8 +192,11 @@ func run(ctx context.Context, args []string, env map[string]string, stdout, stde
 }
 
 // serverTLS checks the -tls-* flags and loads their files: nil, nil for
-// plain TCP.
-func serverTLS(cert, key, clientCA string) (*tls.Config, error) {
+// plain TCP. The files are read again for every connection a proxy opens,
+// so that a renewed certificate or CA is taken without a restart; when
+// they do not load (a renewal caught half-written), the last ones that
+// did serve, and log says why.
+func serverTLS(cert, key, clientCA string, log zerolog.Logger) (*tls.Config, error) {
 	switch {
 	case cert == "" && key == "" && clientCA == "":
 		return nil, nil
@@ -204,13 +207,25 @@ func serverTLS(cert, key, clientCA string) (*tls.Config, error) {
 	case key == "":
 		return nil, errors.New("-tls-cert: needs -tls-key")
 	}
-	cfg, err := config.ServerTLS(cert, key, clientCA)
-	var fe *config.TLSFileError
-	if errors.As(err, &fe) {
-		flag := map[string]string{"cert": "-tls-cert", "key": "-tls-key", "client_ca": "-tls-client-ca"}[fe.Field]
-		return nil, fmt.Errorf("%s: %s", flag, fe.Message())
+	load := func() (*tls.Config, error) {
+		cfg, err := config.ServerTLS(cert, key, clientCA)
+		var fe *config.TLSFileError
+		if errors.As(err, &fe) {
+			flag := map[string]string{"cert": "-tls-cert", "key": "-tls-key", "client_ca": "-tls-client-ca"}[fe.Field]
+			return nil, fmt.Errorf("%s: %s", flag, fe.Message())
+		}
+		return cfg, err
 	}
-	return cfg, err
+	current, err := config.ReloadingTLS(load, func(err error) {
+		log.Warn().Err(err).Msg("replica host: reloading the TLS files failed; serving with the last ones that loaded")
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS13,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return current(), nil },
+	}, nil
 }
 
 // isLoopback reports whether a is a loopback address.

@@ -238,6 +238,68 @@ func TestRunServesMutualTLS(t *testing.T) {
 	}
 }
 
+// copyFile copies the test certificate file name to path.
+func copyFile(t *testing.T, name, path string) {
+	t.Helper()
+	b, err := os.ReadFile(tlsDir + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTLSFilesReloaded changes the host's client CA file while it runs: a
+// proxy it refused is let in at its next connection, with no restart, and
+// a file caught half-written keeps the last good one.
+func TestTLSFilesReloaded(t *testing.T) {
+	clientCA := filepath.Join(t.TempDir(), "client-ca.pem")
+	copyFile(t, "other-ca.pem", clientCA) // not the proxy's CA
+	stdout := &lineWriter{lines: make(chan string, 10)}
+	var stderr lockedBuilder
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, []string{"-handler", "static", "-listen", "127.0.0.1:0", "-user-config", `{"body":"renewed"}`,
+			"-tls-cert", tlsDir + "host.pem", "-tls-key", tlsDir + "host-key.pem", "-tls-client-ca", clientCA},
+			map[string]string{"PROXY_GC_TUNING": "false"}, stdout, &stderr)
+	}()
+	addr := listening(t, stdout.lines)
+	cfg, err := (&config.HostTLS{CAFile: tlsDir + "ca.pem", CertFile: tlsDir + "proxy.pem", KeyFile: tlsDir + "proxy-key.pem"}).ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := func() (*replica.HostConn, error) {
+		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer ccancel()
+		return replica.ConnectHost(cctx, addr, replica.HostOptions{Dial: (&tls.Dialer{Config: cfg}).DialContext})
+	}
+	if c, err := dial(); err == nil {
+		c.Close()
+		t.Fatal("a proxy of a CA the host does not trust connected")
+	}
+	for i, file := range []string{"ca.pem", "README.md"} { // the proxies' CA, then a file of no certificate
+		copyFile(t, file, clientCA)
+		c, err := dial()
+		if err != nil {
+			t.Fatalf("after client-ca.pem became %s: %v", file, err)
+		}
+		c.Replicas()[0].SetState(replica.StateRunning)
+		body, err := get(t, c, 0, "/")
+		c.Close()
+		if err != nil || body != "renewed" {
+			t.Fatalf("connection %d: %q, %v", i, body, err)
+		}
+	}
+	stopRun(t, cancel, code, &stderr)
+	if log := stderr.String(); !strings.Contains(log, "reloading the TLS files failed; serving with the last ones that loaded") ||
+		!strings.Contains(log, "-tls-client-ca: "+clientCA+": no PEM certificate in it") {
+		t.Errorf("no warning of the bad file:\n%s", log)
+	}
+}
+
 // TestSIGTERMDrains runs the binary: SIGTERM lets the request in flight
 // finish, then the process exits 0.
 func TestSIGTERMDrains(t *testing.T) {
