@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -105,17 +104,7 @@ func connect(t *testing.T, addr string) *replica.HostConn {
 }
 
 func TestRunServesAndStops(t *testing.T) {
-	stdout := &lineWriter{lines: make(chan string, 10)}
-	var stderr strings.Builder
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	code := make(chan int, 1)
-	go func() {
-		// Tuning off: the test process's GC settings stay as they are.
-		code <- run(ctx, []string{"-handler", "static", "-replicas", "3", "-max-ongoing", "7", "-listen", "127.0.0.1:0", "-user-config", `{"body":"hi"}`},
-			map[string]string{"PROXY_GC_TUNING": "false"}, stdout, &stderr)
-	}()
-	addr := listening(t, stdout.lines)
+	addr, r := startRun(t, []string{"-handler", "static", "-replicas", "3", "-max-ongoing", "7", "-listen", "127.0.0.1:0", "-user-config", `{"body":"hi"}`})
 	c := connect(t, addr)
 	defer c.Close()
 	rs := c.Replicas()
@@ -125,7 +114,7 @@ func TestRunServesAndStops(t *testing.T) {
 	if body, err := get(t, c, 1, "/"); err != nil || body != "hi" {
 		t.Fatalf("%q, %v", body, err)
 	}
-	stopRun(t, cancel, code, &stderr)
+	r.stop(t)
 }
 
 func TestRunBadInput(t *testing.T) {
@@ -162,15 +151,34 @@ func TestRunBadInput(t *testing.T) {
 	}
 }
 
-// stopRun cancels a run started in a goroutine and waits for its exit
-// code, which must be exitOK.
-func stopRun(t *testing.T, cancel context.CancelFunc, code <-chan int, stderr fmt.Stringer) {
+// running is a run started by startRun.
+type running struct {
+	cancel context.CancelFunc
+	code   chan int
+	stderr *lockedBuilder
+}
+
+// startRun starts run with args (GC tuning off: the test process's GC
+// settings stay as they are) and returns the address it listens on. The
+// run is cancelled at the end of the test if stop was not called.
+func startRun(t *testing.T, args []string) (string, *running) {
 	t.Helper()
-	cancel()
+	stdout := &lineWriter{lines: make(chan string, 10)}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	r := &running{cancel: cancel, code: make(chan int, 1), stderr: &lockedBuilder{}}
+	go func() { r.code <- run(ctx, args, map[string]string{"PROXY_GC_TUNING": "false"}, stdout, r.stderr) }()
+	return listening(t, stdout.lines), r
+}
+
+// stop cancels the run and waits for its exit code, which must be exitOK.
+func (r *running) stop(t *testing.T) {
+	t.Helper()
+	r.cancel()
 	select {
-	case got := <-code:
+	case got := <-r.code:
 		if got != exitOK {
-			t.Fatalf("exit %d, stderr %s", got, stderr.String())
+			t.Fatalf("exit %d, stderr %s", got, r.stderr.String())
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("run did not return")
@@ -200,17 +208,8 @@ func (l *lockedBuilder) String() string {
 }
 
 func TestRunServesMutualTLS(t *testing.T) {
-	stdout := &lineWriter{lines: make(chan string, 10)}
-	var stderr lockedBuilder
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	code := make(chan int, 1)
-	go func() {
-		code <- run(ctx, []string{"-handler", "static", "-listen", "127.0.0.1:0", "-user-config", `{"body":"sealed"}`,
-			"-tls-cert", tlsDir + "host.pem", "-tls-key", tlsDir + "host-key.pem", "-tls-client-ca", tlsDir + "ca.pem"},
-			map[string]string{"PROXY_GC_TUNING": "false"}, stdout, &stderr)
-	}()
-	addr := listening(t, stdout.lines)
+	addr, r := startRun(t, []string{"-handler", "static", "-listen", "127.0.0.1:0", "-user-config", `{"body":"sealed"}`,
+		"-tls-cert", tlsDir + "host.pem", "-tls-key", tlsDir + "host-key.pem", "-tls-client-ca", tlsDir + "ca.pem"})
 	cfg, err := (&config.HostTLS{CAFile: tlsDir + "ca.pem", CertFile: tlsDir + "proxy.pem", KeyFile: tlsDir + "proxy-key.pem"}).ClientConfig()
 	if err != nil {
 		t.Fatal(err)
@@ -232,8 +231,8 @@ func TestRunServesMutualTLS(t *testing.T) {
 		c.Close()
 		t.Fatal("plain TCP connected to a TLS host")
 	}
-	stopRun(t, cancel, code, &stderr)
-	if log := stderr.String(); !strings.Contains(log, `"tls":true,"tls_client_auth":true`) || strings.Contains(log, "without -tls-client-ca") {
+	r.stop(t)
+	if log := r.stderr.String(); !strings.Contains(log, `"tls":true,"tls_client_auth":true`) || strings.Contains(log, "without -tls-client-ca") {
 		t.Errorf("log:\n%s", log)
 	}
 }
@@ -256,17 +255,8 @@ func copyFile(t *testing.T, name, path string) {
 func TestTLSFilesReloaded(t *testing.T) {
 	clientCA := filepath.Join(t.TempDir(), "client-ca.pem")
 	copyFile(t, "other-ca.pem", clientCA) // not the proxy's CA
-	stdout := &lineWriter{lines: make(chan string, 10)}
-	var stderr lockedBuilder
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	code := make(chan int, 1)
-	go func() {
-		code <- run(ctx, []string{"-handler", "static", "-listen", "127.0.0.1:0", "-user-config", `{"body":"renewed"}`,
-			"-tls-cert", tlsDir + "host.pem", "-tls-key", tlsDir + "host-key.pem", "-tls-client-ca", clientCA},
-			map[string]string{"PROXY_GC_TUNING": "false"}, stdout, &stderr)
-	}()
-	addr := listening(t, stdout.lines)
+	addr, r := startRun(t, []string{"-handler", "static", "-listen", "127.0.0.1:0", "-user-config", `{"body":"renewed"}`,
+		"-tls-cert", tlsDir + "host.pem", "-tls-key", tlsDir + "host-key.pem", "-tls-client-ca", clientCA})
 	cfg, err := (&config.HostTLS{CAFile: tlsDir + "ca.pem", CertFile: tlsDir + "proxy.pem", KeyFile: tlsDir + "proxy-key.pem"}).ClientConfig()
 	if err != nil {
 		t.Fatal(err)
@@ -293,8 +283,8 @@ func TestTLSFilesReloaded(t *testing.T) {
 			t.Fatalf("connection %d: %q, %v", i, body, err)
 		}
 	}
-	stopRun(t, cancel, code, &stderr)
-	if log := stderr.String(); !strings.Contains(log, "reloading the TLS files failed; serving with the last ones that loaded") ||
+	r.stop(t)
+	if log := r.stderr.String(); !strings.Contains(log, "reloading the TLS files failed; serving with the last ones that loaded") ||
 		!strings.Contains(log, "-tls-client-ca: "+clientCA+": no PEM certificate in it") {
 		t.Errorf("no warning of the bad file:\n%s", log)
 	}
@@ -394,16 +384,7 @@ func TestRunFromConfig(t *testing.T) {
 	if err := os.WriteFile(path, []byte(hostsConfig), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	stdout := &lineWriter{lines: make(chan string, 10)}
-	var stderr strings.Builder
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	code := make(chan int, 1)
-	go func() {
-		code <- run(ctx, []string{"-config", path, "-deployment", "hi/hi", "-listen", "127.0.0.1:0"},
-			map[string]string{"PROXY_GC_TUNING": "false"}, stdout, &stderr)
-	}()
-	addr := listening(t, stdout.lines)
+	addr, r := startRun(t, []string{"-config", path, "-deployment", "hi/hi", "-listen", "127.0.0.1:0"})
 	c := connect(t, addr)
 	defer c.Close()
 	rs := c.Replicas()
@@ -413,7 +394,7 @@ func TestRunFromConfig(t *testing.T) {
 	if body, err := get(t, c, 0, "/"); err != nil || body != "from the file" {
 		t.Fatalf("%q, %v", body, err)
 	}
-	stopRun(t, cancel, code, &stderr)
+	r.stop(t)
 
 	for _, tt := range []struct {
 		args []string
