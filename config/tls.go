@@ -6,7 +6,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
-	"sync/atomic"
+	"sync"
 )
 
 // HostTLS is TLS on the connections of a deployment with handler "host" to
@@ -159,25 +159,32 @@ func loadCertPool(path string) (*x509.CertPool, error) {
 // ReloadingTLS loads a TLS configuration with load, and returns a function
 // that loads it afresh on each call: a certificate renewed on disk is
 // taken at the next connection, with no restart. When a later load fails
-// (a renewal caught half-written, say), the function returns the last
-// configuration that loaded, and onError, if not nil, is told why. The
-// first load must succeed: its error is returned.
+// (a file that does not parse, say), the function returns the last
+// configuration that loaded, and onError, if not nil, is told why: once
+// for each new reason, not at every call. The first load must succeed: its
+// error is returned.
 func ReloadingTLS(load func() (*tls.Config, error), onError func(error)) (func() *tls.Config, error) {
 	first, err := load()
 	if err != nil {
 		return nil, err
 	}
-	var good atomic.Pointer[tls.Config]
-	good.Store(first)
+	var (
+		mu   sync.Mutex // guards good and told
+		good = first    // the last configuration that loaded
+		told string     // the failure last reported; "" since a load succeeded
+	)
 	return func() *tls.Config {
-		cfg, err := load()
+		cfg, err := load() // the files are read outside the lock
+		mu.Lock()
+		defer mu.Unlock()
 		if err != nil {
-			if onError != nil {
+			if msg := err.Error(); msg != told && onError != nil {
+				told = msg
 				onError(err)
 			}
-			return good.Load()
+			return good
 		}
-		good.Store(cfg)
+		good, told = cfg, ""
 		return cfg
 	}, nil
 }

@@ -192,10 +192,10 @@ func run(ctx context.Context, args []string, env map[string]string, stdout, stde
 }
 
 // serverTLS checks the -tls-* flags and loads their files: nil, nil for
-// plain TCP. The files are read again for every connection a proxy opens,
-// so that a renewed certificate or CA is taken without a restart; when
-// they do not load (a renewal caught half-written), the last ones that
-// did serve, and log says why.
+// plain TCP. The files are read again for every connection a client
+// opens, so that a renewed certificate or CA is taken without a restart;
+// when they do not load, the last ones that did serve, and log says why
+// (once for each new reason).
 func serverTLS(cert, key, clientCA string, log zerolog.Logger) (*tls.Config, error) {
 	switch {
 	case cert == "" && key == "" && clientCA == "":
