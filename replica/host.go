@@ -279,7 +279,14 @@ func (h *Host) closeListeners() {
 func (h *Host) serveConn(nc net.Conn) {
 	defer h.wg.Done()
 	c, err := h.handshake(nc)
-	if err != nil {
+	switch {
+	case errors.Is(err, io.EOF):
+		// Closed before a byte was sent: a TCP health check (a
+		// Kubernetes tcpSocket probe, a load balancer's), not a proxy.
+		h.log.Debug().Str("peer", nc.RemoteAddr().String()).Msg("replica host: connection closed before its hello")
+		_ = nc.Close()
+		return
+	case err != nil:
 		h.log.Warn().Err(err).Str("peer", nc.RemoteAddr().String()).Msg("replica host: handshake failed; connection closed")
 		_ = nc.Close()
 		return

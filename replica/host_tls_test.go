@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/serveproxy/serveproxy/config"
 )
 
@@ -119,5 +121,42 @@ func TestHostTLSRefusals(t *testing.T) {
 	if c, err := ConnectHost(ctx, addr, HostOptions{}); err == nil {
 		c.Close()
 		t.Fatal("plain TCP connected to a TLS host")
+	}
+}
+
+// TestHostTCPProbe checks that a connection closed before a byte, as a
+// Kubernetes tcpSocket probe or a load balancer's check does, is logged
+// at debug, not as a failed handshake, with TLS and without.
+func TestHostTCPProbe(t *testing.T) {
+	noLeaks(t)
+	serverTLS, err := config.ServerTLS(tlsTestdata+"host.pem", tlsTestdata+"host-key.pem", tlsTestdata+"ca.pem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"tcp", "tls"} {
+		t.Run(name, func(t *testing.T) {
+			logs := &syncBuffer{}
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := l.Addr().String()
+			if name == "tls" {
+				l = tls.NewListener(l, serverTLS)
+			}
+			serveHost(t, HostConfig{Name: "echo", Factory: factoryOf(echoHandler), Replicas: 1, MaxOngoing: 4,
+				Log: zerolog.New(logs).Level(zerolog.DebugLevel)}, l)
+			probe, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			probe.Close()
+			eventually(t, "the probe's debug line", func() bool {
+				return strings.Contains(logs.String(), "connection closed before its hello")
+			})
+			if strings.Contains(logs.String(), `"level":"warn"`) {
+				t.Fatalf("a probe logged at warn:\n%s", logs.String())
+			}
+		})
 	}
 }
