@@ -112,9 +112,10 @@ type Deployment struct {
 	// servers that are the replicas of handler "upstream", one replica
 	// each. Give either Upstreams or Discovery.
 	Upstreams []string `yaml:"upstreams"`
-	// Discovery finds the replicas of handler "upstream" in DNS:
-	// "dns://name:port" (A and AAAA records) or "dns+srv://_svc._tcp.name"
-	// (SRV records), resolved again every DiscoveryIntervalS.
+	// Discovery finds the replicas of handler "upstream", or the replica
+	// hosts of handler "host", in DNS: "dns://name:port" (A and AAAA
+	// records) or "dns+srv://_svc._tcp.name" (SRV records), resolved
+	// again every DiscoveryIntervalS.
 	Discovery string `yaml:"discovery"`
 	// DiscoveryIntervalS is the time between resolutions, in seconds,
 	// above 0; 10 by default.
@@ -144,7 +145,7 @@ type Deployment struct {
 
 	// Hosts are the replica hosts (cmd/replica) whose actors are the
 	// replicas of handler "host", as host:port each; each actor's limit is
-	// its host's.
+	// its host's. Give either Hosts or Discovery.
 	Hosts []string `yaml:"hosts"`
 	// HostHandler, for handler "host", is the registered handler kind each
 	// host runs when started from this file (cmd/replica -config FILE
@@ -164,7 +165,8 @@ const (
 	HandlerUpstream = "upstream"
 	// HandlerCommand is a process the proxy starts per replica (Command).
 	HandlerCommand = "command"
-	// HandlerHost is the actors of replica hosts of this project (Hosts).
+	// HandlerHost is the actors of replica hosts of this project (Hosts
+	// or Discovery).
 	HandlerHost = "host"
 )
 

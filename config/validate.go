@@ -200,11 +200,16 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 			v.report(p.child(field), "is only for handler %q", kind)
 		}
 	}
+	discovers := func(field string, set bool) {
+		if set && d.Handler != HandlerUpstream && d.Handler != HandlerHost {
+			v.report(p.child(field), "is only for handlers %q and %q", HandlerUpstream, HandlerHost)
+		}
+	}
 	only("upstreams", HandlerUpstream, d.Upstreams != nil)
-	only("discovery", HandlerUpstream, d.Discovery != "")
-	only("discovery_server", HandlerUpstream, d.DiscoveryServer != "")
+	discovers("discovery", d.Discovery != "")
+	discovers("discovery_server", d.DiscoveryServer != "")
 	// (A zero is reported as out of range already, not as misplaced.)
-	only("discovery_interval_s", HandlerUpstream, v.wrote(p.child("discovery_interval_s"), d.DiscoveryIntervalS != defaultDiscoveryIntervalS && d.DiscoveryIntervalS != 0))
+	discovers("discovery_interval_s", v.wrote(p.child("discovery_interval_s"), d.DiscoveryIntervalS != defaultDiscoveryIntervalS && d.DiscoveryIntervalS != 0))
 	only("command", HandlerCommand, d.Command != nil)
 	only("env", HandlerCommand, d.Env != nil)
 	only("working_dir", HandlerCommand, d.WorkingDir != "")
@@ -239,11 +244,7 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 				seen[u] = i
 			}
 		}
-		if d.Discovery != "" {
-			if msg := discoveryProblem(d.Discovery); msg != "" {
-				v.report(p.child("discovery"), "%s, got %q", msg, d.Discovery)
-			}
-		}
+		v.discovery(d, p)
 		if v.wrote(p.child("num_replicas"), d.NumReplicas != defaultNumReplicas) {
 			v.report(p.child("num_replicas"), `is not for handler "upstream": each upstream (or discovered address) is one replica`)
 		}
@@ -251,9 +252,13 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 			v.report(p.child("user_config"), `is not for handler "upstream": an HTTP server has no reconfigure call`)
 		}
 	case HandlerHost:
-		if len(d.Hosts) == 0 {
-			v.report(p.child("hosts"), `handler "host" needs hosts: the host:port of each replica host (cmd/replica)`)
+		switch {
+		case len(d.Hosts) == 0 && d.Discovery == "":
+			v.report(p.child("hosts"), `handler "host" needs hosts (the host:port of each replica host, cmd/replica) or discovery`)
+		case len(d.Hosts) > 0 && d.Discovery != "":
+			v.report(p.child("discovery"), "give hosts or discovery, not both")
 		}
+		v.discovery(d, p)
 		seen := make(map[string]int)
 		for i, h := range d.Hosts {
 			hp := p.child("hosts").at(i)
@@ -354,6 +359,16 @@ func upstreamURLProblem(s string) string {
 		}
 	}
 	return ""
+}
+
+// discovery checks d's discovery target, if it has one.
+func (v *validator) discovery(d *Deployment, p fieldPath) {
+	if d.Discovery == "" {
+		return
+	}
+	if msg := discoveryProblem(d.Discovery); msg != "" {
+		v.report(p.child("discovery"), "%s, got %q", msg, d.Discovery)
+	}
 }
 
 // discoveryProblem returns what is wrong with a discovery target, or "".

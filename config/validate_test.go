@@ -114,9 +114,12 @@ func TestParseErrors(t *testing.T) {
 		{"handler missing", "applications:\n  - name: a\n    deployments:\n      - name: d\n", "applications[0].deployments[0].handler", 4, "is required"},
 		{"handler empty", "applications:\n  - name: a\n    deployments:\n      - name: d\n        handler: ''\n", "applications[0].deployments[0].handler", 5, "is required"},
 		// Handler kinds' own fields.
-		{"host without hosts", kindDeployment("host", ""), "applications[0].deployments[0].hosts", 4, `needs hosts`},
 		{"host bad address", kindDeployment("host", "        hosts: [\"127.0.0.1\"]\n"), "applications[0].deployments[0].hosts[0]", 6, "must be host:port"},
 		{"host bad port", kindDeployment("host", "        hosts: [\"127.0.0.1:99999\"]\n"), "applications[0].deployments[0].hosts[0]", 6, "port between 1 and 65535"},
+		{"host without hosts", kindDeployment("host", ""), "applications[0].deployments[0].hosts", 4, `needs hosts (the host:port of each replica host, cmd/replica) or discovery`},
+		{"host both", kindDeployment("host", "        hosts: [\"a:1\"]\n        discovery: dns://hosts.local:9001\n"), "applications[0].deployments[0].discovery", 7, "give hosts or discovery, not both"},
+		{"host discovery no port", kindDeployment("host", "        discovery: dns://hosts.local\n"), "applications[0].deployments[0].discovery", 6, "dns://name:port"},
+		{"discovery_server on command", kindDeployment("command", "        command: [./x]\n        discovery_server: 127.0.0.1:53\n"), "applications[0].deployments[0].discovery_server", 7, `is only for handlers "upstream" and "host"`},
 		{"host duplicate", kindDeployment("host", "        hosts: [\"a:1\", \"a:1\"]\n"), "applications[0].deployments[0].hosts[1]", 6, "duplicate host"},
 		{"host max_ongoing", kindDeployment("host", "        hosts: [\"a:1\"]\n        max_ongoing_requests: 9\n"), "applications[0].deployments[0].max_ongoing_requests", 7, "only with host_handler"},
 		{"host_handler remote", kindDeployment("host", "        hosts: [\"a:1\"]\n        host_handler: command\n"), "applications[0].deployments[0].host_handler", 7, "must be an in-process handler kind"},
@@ -139,7 +142,7 @@ func TestParseErrors(t *testing.T) {
 		{"command bad env", kindDeployment("command", "        command: [./server]\n        env: [NOEQUALS]\n"), "applications[0].deployments[0].env[0]", 7, "KEY=VALUE"},
 		{"upstreams on echo", withDeployment("        upstreams: [http://a:1]\n"), "applications[0].deployments[0].upstreams", 6, `is only for handler "upstream"`},
 		{"command on echo", withDeployment("        command: [./x]\n"), "applications[0].deployments[0].command", 6, `is only for handler "command"`},
-		{"discovery interval on echo", withDeployment("        discovery_interval_s: 5\n"), "applications[0].deployments[0].discovery_interval_s", 6, `is only for handler "upstream"`},
+		{"discovery interval on echo", withDeployment("        discovery_interval_s: 5\n"), "applications[0].deployments[0].discovery_interval_s", 6, `is only for handlers "upstream" and "host"`},
 		{"health path on echo", withDeployment("        health_check_path: /healthz\n"), "applications[0].deployments[0].health_check_path", 6, `is only for handlers "upstream" and "command"`},
 		{"health path relative", kindDeployment("command", "        command: [./x]\n        health_check_path: healthz\n"), "applications[0].deployments[0].health_check_path", 7, `must start with "/"`},
 		{"max_constructor_retry_count zero", withDeployment("        max_constructor_retry_count: 0\n"), "applications[0].deployments[0].max_constructor_retry_count", 6, "must be >= 1, got 0"},
@@ -376,10 +379,22 @@ func TestParseRemoteKinds(t *testing.T) {
         working_dir: /srv
         num_replicas: 3
         max_constructor_retry_count: 5
+  - name: d
+    route_prefix: /d
+    deployments:
+      - name: hosts
+        handler: host
+        discovery: dns://replica-hosts.default.svc.cluster.local:9001
+        discovery_interval_s: 3
+        host_handler: static
+        num_replicas: 8
 `
 	c, err := Parse("test.yaml", []byte(src))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if hosts := c.Applications[3].Deployments[0]; hosts.Discovery != "dns://replica-hosts.default.svc.cluster.local:9001" || hosts.DiscoveryInterval() != 3*time.Second {
+		t.Fatalf("decoded: %+v", hosts)
 	}
 	fixed, found, started := c.Applications[0].Deployments[0], c.Applications[1].Deployments[0], c.Applications[2].Deployments[0]
 	if len(fixed.Upstreams) != 2 || fixed.HealthCheckPath != "/healthz" || found.DiscoveryInterval() != 2*time.Second ||

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -148,20 +149,23 @@ func (d *Deployment) SetTargets(targets []string) error {
 	}
 	d.mu.Unlock()
 
-	var added []Replica
-	var errs []error
+	var fresh []string
 	for _, t := range targets {
-		if have[t] {
-			continue
+		if !have[t] {
+			have[t] = true // a target listed twice is connected once
+			fresh = append(fresh, t)
 		}
-		have[t] = true // a target listed twice is connected once
-		rs, err := d.connect(t)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		added = append(added, rs...)
 	}
+	// At once, so that a target that does not answer (a replica host
+	// still starting, say) costs the others no wait.
+	conns := make([][]Replica, len(fresh))
+	errs := make([]error, len(fresh))
+	var wg sync.WaitGroup
+	for i, t := range fresh {
+		wg.Go(func() { conns[i], errs[i] = d.connect(t) })
+	}
+	wg.Wait()
+	added := slices.Concat(conns...)
 	log := d.log()
 	d.mu.Lock()
 	for _, r := range gone {

@@ -36,12 +36,18 @@ type DiscoveryOptions struct {
 	// Scheme is the scheme of the replica URLs, "http" or "https". If
 	// empty, "http".
 	Scheme string
-	// OnChange is given the replicas' base URLs, sorted, after the first
-	// resolution that succeeds and after each one whose answer differs
-	// from the last. An empty set is an answer: every replica is gone. The
-	// slice is the callee's. It runs on Run's goroutine, so the next
-	// resolution waits for it. It is required.
-	OnChange func(urls []string)
+	// HostPort makes the answers host:port addresses instead of URLs:
+	// replica hosts, which are dialled, not fetched. Scheme is unused
+	// then.
+	HostPort bool
+	// OnChange is given the replicas' base URLs (or addresses), sorted,
+	// after the first resolution that succeeds and after each one whose
+	// answer differs from the last. An empty set is an answer: every
+	// replica is gone. The slice is the callee's. It runs on Run's
+	// goroutine, so the next resolution waits for it. If it returns an
+	// error (a replica it could not connect to), it is given the next
+	// answer too, the same or not, to try again. It is required.
+	OnChange func(urls []string) error
 	// OnError is told of each failed resolution; the last set stays in
 	// force. If nil, failures are only logged.
 	OnError func(error)
@@ -152,8 +158,8 @@ func (d *Discovery) parse(target string) error {
 // Target returns the discovery target as given.
 func (d *Discovery) Target() string { return d.target }
 
-// Resolve looks the target up once and returns the replicas' base URLs,
-// sorted and without duplicates; an empty set means the name has no
+// Resolve looks the target up once and returns the replicas' base URLs
+// (or addresses, with HostPort), sorted and without duplicates; an empty set means the name has no
 // replicas. ctx bounds it.
 func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
 	urls := []string{}
@@ -200,7 +206,11 @@ func (d *Discovery) lookupIP(ctx context.Context, host string) ([]netip.Addr, er
 	return ips, err
 }
 
+// url is the replica at ip and port, as OnChange is given it.
 func (d *Discovery) url(ip netip.Addr, port uint16) string {
+	if d.opts.HostPort {
+		return netip.AddrPortFrom(ip, port).String()
+	}
 	return d.scheme + "://" + netip.AddrPortFrom(ip, port).String()
 }
 
@@ -221,12 +231,13 @@ func isNotFound(err error) bool {
 // Run resolves the target at once and then every Interval, telling
 // OnChange of each new set, until ctx is done; it returns then, having
 // started nothing that outlives it. A failed resolution is logged and
-// given to OnError, and changes nothing.
+// given to OnError, and changes nothing; so does an answer like the last,
+// unless OnChange failed on that one.
 func (d *Discovery) Run(ctx context.Context) {
 	t := time.NewTicker(d.interval)
 	defer t.Stop()
 	var last []string
-	known := false
+	known, retry := false, false
 	for {
 		rctx, cancel := context.WithTimeout(ctx, d.timeout)
 		urls, err := d.Resolve(rctx)
@@ -241,9 +252,9 @@ func (d *Discovery) Run(ctx context.Context) {
 			if d.opts.OnError != nil {
 				d.opts.OnError(err)
 			}
-		case !known || !slices.Equal(urls, last):
+		case !known || retry || !slices.Equal(urls, last):
 			known, last = true, urls
-			d.opts.OnChange(slices.Clone(urls))
+			retry = d.opts.OnChange(slices.Clone(urls)) != nil
 		}
 		select {
 		case <-ctx.Done():

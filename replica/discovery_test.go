@@ -148,11 +148,12 @@ func watchDiscovery(t *testing.T, target string, server string) (changes chan []
 		Server:   server,
 		Interval: 40 * time.Millisecond,
 		Timeout:  2 * time.Second,
-		OnChange: func(urls []string) {
+		OnChange: func(urls []string) error {
 			select {
 			case changes <- urls:
 			case <-ctx.Done():
 			}
+			return nil
 		},
 		OnError: func(err error) {
 			select {
@@ -312,7 +313,7 @@ func TestDiscoveryResolveOnce(t *testing.T) {
 	leakCheck(t)
 	z := startZone(t)
 	z.setAddrs("web.test.", "127.0.0.1", "127.0.0.1")
-	d, err := NewDiscovery("dns://web.test.:443", DiscoveryOptions{Server: z.addr, Scheme: "https", OnChange: func([]string) {}})
+	d, err := NewDiscovery("dns://web.test.:443", DiscoveryOptions{Server: z.addr, Scheme: "https", OnChange: func([]string) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,8 +326,31 @@ func TestDiscoveryResolveOnce(t *testing.T) {
 	wantSet(t, urls, "https://127.0.0.1:443")
 }
 
+func TestDiscoveryHostPort(t *testing.T) {
+	leakCheck(t)
+	z := startZone(t)
+	z.setAddrs("a.hosts.test.", "127.0.0.1", "::1")
+	z.setSRV("_replica._tcp.hosts.test.", dns.SRV{Priority: 1, Weight: 10, Port: 9001, Target: "a.hosts.test."})
+	for target, want := range map[string][]string{
+		"dns://a.hosts.test.:9002":            {"127.0.0.1:9002", "[::1]:9002"},
+		"dns+srv://_replica._tcp.hosts.test.": {"127.0.0.1:9001", "[::1]:9001"},
+	} {
+		d, err := NewDiscovery(target, DiscoveryOptions{Server: z.addr, HostPort: true, OnChange: func([]string) error { return nil }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		addrs, err := d.Resolve(ctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantSet(t, addrs, want...)
+	}
+}
+
 func TestNewDiscoveryErrors(t *testing.T) {
-	onChange := func([]string) {}
+	onChange := func([]string) error { return nil }
 	for _, tc := range []struct {
 		target string
 		o      DiscoveryOptions

@@ -58,21 +58,18 @@ func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.
 				err  error
 				// hostDep is dep for the replica hosts' connections,
 				// which may lose their host before dep is set;
-				// hostsLost takes out the actors of those.
-				hostDep   atomic.Pointer[proxy.Deployment]
-				hostsLost func()
+				// hostsBuilt is to be called once it is.
+				hostDep    atomic.Pointer[proxy.Deployment]
+				hostsBuilt func()
 			)
+			setTargets := discoveredTargets(func() *proxy.Deployment { return dep }, log.With().Str("application", a.Name).Str("deployment", d.Name).Logger())
 			switch d.Handler {
 			case config.HandlerUpstream:
-				disc, err = upstreamSpec(&spec, d, e, log, func(urls []string) {
-					if err := dep.SetTargets(urls); err != nil {
-						log.Error().Str("application", a.Name).Str("deployment", d.Name).Err(err).Msg("discovery: adding replicas")
-					}
-				})
+				disc, err = upstreamSpec(&spec, d, e, log, setTargets)
 			case config.HandlerCommand:
 				commandSpec(&spec, d, e, log)
 			case config.HandlerHost:
-				hostsLost, err = hostSpec(&spec, d, e, log, &hostDep)
+				hostsBuilt, disc, err = hostSpec(&spec, d, e, log, &hostDep, setTargets)
 			default:
 				spec.Factory, err = reg.Lookup(d.Handler)
 			}
@@ -83,8 +80,8 @@ func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.
 				return nil, nil, err
 			}
 			hostDep.Store(dep)
-			if hostsLost != nil {
-				hostsLost()
+			if hostsBuilt != nil {
+				hostsBuilt()
 			}
 			if disc != nil {
 				discoveries = append(discoveries, disc.Run)
@@ -110,6 +107,50 @@ func stopDeployments(apps []*proxy.Application, log zerolog.Logger) {
 	}
 }
 
+// discoveredTargets returns the function that gives a deployment the
+// targets its discovery found. A target it cannot connect to (a replica
+// host not answering) is tried again with each answer; the failure is
+// logged when its reason is new, not at every resolution.
+func discoveredTargets(dep func() *proxy.Deployment, log zerolog.Logger) func([]string) error {
+	var last string // called by build, then by Discovery.Run alone
+	return func(targets []string) error {
+		err := dep().SetTargets(targets)
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+		}
+		if msg != "" && msg != last {
+			log.Error().Err(err).Msg("discovery: connecting to replicas failed; tried again at each resolution")
+		}
+		last = msg
+		return err
+	}
+}
+
+// newDiscovery returns d's discovery, feeding setTargets, and the targets
+// of its first resolution: none, logged, if that fails (the deployment
+// starts empty, filled by the next).
+func newDiscovery(d config.Deployment, hostPort bool, log zerolog.Logger, setTargets func([]string) error) (*replica.Discovery, []string, error) {
+	disc, err := replica.NewDiscovery(d.Discovery, replica.DiscoveryOptions{
+		Interval: d.DiscoveryInterval(),
+		Server:   d.DiscoveryServer,
+		HostPort: hostPort,
+		OnChange: setTargets,
+		Log:      log.With().Str("deployment", d.Name).Logger(),
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("discovery: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), firstResolveTimeout)
+	defer cancel()
+	targets, err := disc.Resolve(ctx)
+	if err != nil {
+		log.Error().Str("deployment", d.Name).Str("discovery", d.Discovery).Err(err).
+			Msg("discovery: the first resolution failed; starting with no replicas")
+	}
+	return disc, targets, nil
+}
+
 // upstreamOptions are the forwarding settings of a deployment's replicas,
 // with one client shared by all of them (and one for health checks,
 // without keep-alive, so that a replica busy on every connection still
@@ -133,7 +174,7 @@ func upstreamOptions(d config.Deployment, e config.Env) replica.UpstreamOptions 
 // upstreamSpec makes spec follow the upstreams of d, or its DNS
 // discovery, which it returns to be run: each new answer goes to
 // setTargets.
-func upstreamSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger, setTargets func([]string)) (*replica.Discovery, error) {
+func upstreamSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger, setTargets func([]string) error) (*replica.Discovery, error) {
 	uo := upstreamOptions(d, e)
 	spec.Connect = func(id, target string, onRelease func()) ([]replica.Replica, error) {
 		o := uo
@@ -148,24 +189,9 @@ func upstreamSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.En
 		spec.Targets = d.Upstreams
 		return nil, nil
 	}
-	disc, err := replica.NewDiscovery(d.Discovery, replica.DiscoveryOptions{
-		Interval: d.DiscoveryInterval(),
-		Server:   d.DiscoveryServer,
-		OnChange: setTargets,
-		Log:      log.With().Str("deployment", d.Name).Logger(),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("discovery: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), firstResolveTimeout)
-	defer cancel()
-	targets, err := disc.Resolve(ctx)
-	if err != nil {
-		log.Error().Str("deployment", d.Name).Str("discovery", d.Discovery).Err(err).
-			Msg("discovery: the first resolution failed; starting with no replicas")
-	}
+	disc, targets, err := newDiscovery(d, false, log, setTargets)
 	spec.Targets = targets
-	return disc, nil
+	return disc, err
 }
 
 // commandSpec makes spec start d's command for each replica.
@@ -192,10 +218,15 @@ const hostConnectTimeout = 10 * time.Second
 // connection each, reconnected in the background after a loss. While a
 // host is unreachable its actors are out of routing (dep's), so that
 // requests go elsewhere or get 503 instead of waiting for its health
-// checks to fail; once it is back they are checked at once. Call the
-// function it returns once dep is set: it takes out the actors of hosts
-// lost before then. With host_tls, every connection is TLS.
-func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger, dep *atomic.Pointer[proxy.Deployment]) (hostsLost func(), err error) {
+// checks to fail; once it is back they are checked at once. With
+// host_tls, every connection is TLS.
+//
+// Call the function it returns once dep is set. With hosts, it takes out
+// the actors of hosts lost before then (a host that cannot be reached at
+// the start is an error). With discovery, it connects to the hosts of the
+// first answer, and one that does not answer is tried again at the next:
+// the discovery returned gives the rest to setTargets.
+func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger, dep *atomic.Pointer[proxy.Deployment], setTargets func([]string) error) (built func(), disc *replica.Discovery, err error) {
 	var (
 		mu    sync.Mutex
 		conns []*replica.HostConn
@@ -209,7 +240,7 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 			log.Warn().Str("deployment", d.Name).Err(err).Msg("host_tls: reloading the files failed; dialing with the last ones that loaded")
 		})
 		if err != nil {
-			return nil, fmt.Errorf("host_tls.%w", err)
+			return nil, nil, fmt.Errorf("host_tls.%w", err)
 		}
 		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
 			return (&tls.Dialer{Config: current()}).DialContext(ctx, network, addr)
@@ -220,7 +251,6 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 			dd.ReportUnreachable(r)
 		}
 	}
-	spec.Targets = d.Hosts
 	spec.Connect = func(_, addr string, onRelease func()) ([]replica.Replica, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), hostConnectTimeout)
 		defer cancel()
@@ -245,11 +275,18 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 		if err != nil {
 			return nil, err
 		}
-		mu.Lock()
-		conns = append(conns, hc)
-		mu.Unlock()
+		if dep.Load() == nil { // connected for NewDeployment
+			mu.Lock()
+			conns = append(conns, hc)
+			mu.Unlock()
+		}
 		return hc.Replicas(), nil
 	}
+	if d.Discovery != "" {
+		disc, targets, err := newDiscovery(d, true, log, setTargets)
+		return func() { _ = setTargets(targets) }, disc, err
+	}
+	spec.Targets = d.Hosts
 	return func() {
 		dd := dep.Load()
 		mu.Lock()
@@ -260,7 +297,7 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 				outOfRouting(dd, hc)
 			}
 		}
-	}, nil
+	}, nil, nil
 }
 
 // checkCommand reports a command whose program cannot be found, at -check

@@ -5,6 +5,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -39,6 +40,26 @@ func writeConfig(t *testing.T, yaml string) string {
 type hiProcess struct {
 	cmd  *exec.Cmd
 	addr string
+	// stderr is what the process wrote there.
+	stderr *lockedBuffer
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent use.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // startHi starts a hiserver on a free loopback port and waits until it
@@ -52,8 +73,16 @@ func startHi(t *testing.T) *hiProcess {
 // line on stdout and kills it at the end of the test.
 func startListening(t *testing.T, bin string, args ...string) *hiProcess {
 	t.Helper()
+	return startListeningEnv(t, nil, bin, args...)
+}
+
+// startListeningEnv is startListening with vars set in the environment.
+func startListeningEnv(t *testing.T, vars map[string]string, bin string, args ...string) *hiProcess {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = childEnv(nil)
+	cmd.Env = childEnv(vars)
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +96,7 @@ func startListening(t *testing.T, bin string, args ...string) *hiProcess {
 	if err != nil || !ok {
 		t.Fatalf("%s: %q %v", filepath.Base(bin), line, err)
 	}
-	return &hiProcess{cmd: cmd, addr: addr}
+	return &hiProcess{cmd: cmd, addr: addr, stderr: stderr}
 }
 
 // applications reads the admin GET /-/applications.
@@ -814,6 +843,95 @@ func TestReplicaHostGoneThenBack(t *testing.T) {
 	start = time.Now()
 	waitUntil(t, "200 from the host started again", func() bool { return get(t, c, url).status == http.StatusOK })
 	t.Logf("serving again %v after the host was started again", time.Since(start).Round(time.Millisecond))
+}
+
+// TestReplicaHostDiscovery follows replica hosts through DNS (SRV records
+// from a real DNS server on loopback): a host in DNS that does not answer
+// yet is no reason to fail the start, and is connected once it answers; a
+// host gone from DNS takes its actors out and its connection closes; no
+// host left is 503 at once.
+func TestReplicaHostDiscovery(t *testing.T) {
+	args := []string{"-handler", "static", "-replicas", "2", "-max-ongoing", "10", "-user-config", `{"body":"hi"}`}
+	hosts := []*hiProcess{
+		// Debug, for its "proxy disconnected".
+		startListeningEnv(t, map[string]string{"PROXY_LOG_LEVEL": "debug"}, replicaBin, append([]string{"-listen", "127.0.0.1:0"}, args...)...),
+		startReplicaHost(t, args...),
+	}
+	port := func(addr string) int {
+		_, p, _ := net.SplitHostPort(addr)
+		n, _ := strconv.Atoi(p)
+		return n
+	}
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := closed.Addr().String() // a host in DNS before it listens
+	closed.Close()
+
+	z := startSRVZone(t)
+	z.set(port(hosts[0].addr), port(late))
+	path := writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: host
+        discovery: dns+srv://_http._tcp.hi.test.
+        discovery_server: `+z.addr+`
+        discovery_interval_s: 0.2
+`)
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 4)
+	c.Timeout = 5 * time.Second
+	url := "http://" + p.HTTPAddr + "/"
+	routable := func() int {
+		n := 0
+		for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
+			if rep.State == "RUNNING" {
+				n++
+			}
+		}
+		return n
+	}
+	if n := routable(); n != 2 {
+		t.Fatalf("%d replicas from the first answer (one host up, one not yet), want the 2 actors of the one up", n)
+	}
+	if !p.waitLogged("discovery: connecting to replicas failed", 5*time.Second) || !p.logged(late) {
+		t.Errorf("no error line naming the host in DNS that does not answer:\n%s", strings.Join(p.stderrLines(), "\n"))
+	}
+	startListening(t, replicaBin, append([]string{"-listen", late}, args...)...)
+	waitUntil(t, "the late host connected at a later resolution", func() bool { return routable() == 4 })
+
+	z.set(port(late), port(hosts[1].addr))
+	waitUntil(t, "a host gone from DNS and one added", func() bool {
+		on := map[string]int{}
+		for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
+			host, _, _ := strings.Cut(rep.ID, "/")
+			on[host]++
+		}
+		return on[hosts[0].addr] == 0 && on[hosts[1].addr] == 2 && routable() == 4
+	})
+	for i := range 50 {
+		if r := get(t, c, url); r.status != 200 || r.body != "hi" {
+			t.Fatalf("request %d after the change: %d %q", i, r.status, r.body)
+		}
+	}
+	// The proxy closes its connection to the host that left (the drain
+	// of its idle actors is at once).
+	waitUntil(t, "the proxy's connection to the host gone from DNS closed", func() bool {
+		return strings.Contains(hosts[0].stderr.String(), "proxy disconnected")
+	})
+
+	z.set() // every host gone
+	waitUntil(t, "every host gone", func() bool { return len(getApplications(t, c, p).Applications[0].Deployments[0].Replicas) == 0 })
+	start := time.Now()
+	if r := get(t, c, url); r.status != 503 || !strings.Contains(r.body, "No replicas are available") {
+		t.Fatalf("GET / with no host: %d %q, want 503 No replicas are available", r.status, r.body)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the 503 took %v", took)
+	}
 }
 
 // mustRequest builds a request with a body.
