@@ -297,6 +297,9 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 			case t.KeyFile != "" && t.CertFile == "":
 				v.report(p.child("host_tls").child("cert_file"), "required with key_file: the key's certificate")
 			}
+			if d.Discovery != "" && t.ServerName == "" {
+				v.report(p.child("host_tls").child("server_name"), "required with discovery: it finds the hosts as IP addresses, so give the name on their certificates")
+			}
 		}
 		if slices.Contains([]string{HandlerHost, HandlerUpstream, HandlerCommand}, d.HostHandler) {
 			v.report(p.child("host_handler"), "must be an in-process handler kind (static, echo, sleep, or one registered in Go), got %q", d.HostHandler)

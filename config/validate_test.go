@@ -120,6 +120,7 @@ func TestParseErrors(t *testing.T) {
 		{"host both", kindDeployment("host", "        hosts: [\"a:1\"]\n        discovery: dns://hosts.local:9001\n"), "applications[0].deployments[0].discovery", 7, "give hosts or discovery, not both"},
 		{"host discovery no port", kindDeployment("host", "        discovery: dns://hosts.local\n"), "applications[0].deployments[0].discovery", 6, "dns://name:port"},
 		{"discovery_server on command", kindDeployment("command", "        command: [./x]\n        discovery_server: 127.0.0.1:53\n"), "applications[0].deployments[0].discovery_server", 7, `is only for handlers "upstream" and "host"`},
+		{"host_tls discovery without server_name", kindDeployment("host", "        discovery: dns://hosts.local:9001\n        host_tls: {ca_file: ca.pem}\n"), "applications[0].deployments[0].host_tls.server_name", 7, "required with discovery"},
 		{"host duplicate", kindDeployment("host", "        hosts: [\"a:1\", \"a:1\"]\n"), "applications[0].deployments[0].hosts[1]", 6, "duplicate host"},
 		{"host max_ongoing", kindDeployment("host", "        hosts: [\"a:1\"]\n        max_ongoing_requests: 9\n"), "applications[0].deployments[0].max_ongoing_requests", 7, "only with host_handler"},
 		{"host_handler remote", kindDeployment("host", "        hosts: [\"a:1\"]\n        host_handler: command\n"), "applications[0].deployments[0].host_handler", 7, "must be an in-process handler kind"},

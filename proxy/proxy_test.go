@@ -87,10 +87,10 @@ func startProxyWith(t *testing.T, opts Options, so ServerOptions, deps ...testDe
 		if td.userConfig != "" {
 			userConfig = json.RawMessage(td.userConfig)
 		}
-		var connect func(id, target string, onRelease func()) ([]replica.Replica, error)
+		var connect func(ctx context.Context, id, target string, onRelease func()) ([]replica.Replica, error)
 		if td.targets != nil {
 			maxOngoing := td.maxOngoing
-			connect = func(id, target string, onRelease func()) ([]replica.Replica, error) {
+			connect = func(_ context.Context, id, target string, onRelease func()) ([]replica.Replica, error) {
 				r, err := replica.NewUpstreamReplica(id, target, replica.UpstreamOptions{MaxOngoing: maxOngoing, OnRelease: onRelease, HealthPath: "/"})
 				return []replica.Replica{r}, err
 			}

@@ -123,7 +123,8 @@ func (d *Deployment) Replaces() bool { return d.spec.Connect == nil }
 // SetTargets makes the replicas of a Connect deployment follow targets: a
 // replica is connected for each new target, and the replicas of targets
 // gone leave routing and drain. An empty set is valid: every replica is
-// gone, and requests get 503 "No replicas are available".
+// gone, and requests get 503 "No replicas are available". The targets it
+// could not connect to are in its error; call it again to retry them.
 func (d *Deployment) SetTargets(targets []string) error {
 	if d.spec.Connect == nil {
 		return errors.New("SetTargets: the deployment does not follow targets")
@@ -137,6 +138,7 @@ func (d *Deployment) SetTargets(targets []string) error {
 	for _, t := range targets {
 		want[t] = true
 	}
+	log := d.log()
 	d.mu.Lock()
 	have := make(map[string]bool, len(d.replicas))
 	var gone []Replica
@@ -147,6 +149,13 @@ func (d *Deployment) SetTargets(targets []string) error {
 			gone = append(gone, r)
 		}
 	}
+	// Those gone leave routing before anything is connected, which may
+	// take seconds.
+	for _, r := range gone {
+		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica gone from discovery: draining")
+		d.retireLocked(r)
+	}
+	d.spec.NumReplicas = len(d.replicas)
 	d.mu.Unlock()
 
 	var fresh []string
@@ -155,6 +164,9 @@ func (d *Deployment) SetTargets(targets []string) error {
 			have[t] = true // a target listed twice is connected once
 			fresh = append(fresh, t)
 		}
+	}
+	if len(fresh) == 0 {
+		return nil
 	}
 	// At once, so that a target that does not answer (a replica host
 	// still starting, say) costs the others no wait.
@@ -165,22 +177,39 @@ func (d *Deployment) SetTargets(targets []string) error {
 		wg.Go(func() { conns[i], errs[i] = d.connect(t) })
 	}
 	wg.Wait()
-	added := slices.Concat(conns...)
-	log := d.log()
+
+	var clashed []Replica
 	d.mu.Lock()
-	for _, r := range gone {
-		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica gone from discovery: draining")
-		d.retireLocked(r)
+	taken := make(map[string]bool, len(d.replicas)+len(d.retired))
+	for _, r := range slices.Concat(d.replicas, d.retired) {
+		taken[r.ID()] = true
 	}
-	for _, r := range added {
-		r.SetState(StateRunning)
-		d.replicas = append(d.replicas, r)
-		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica added by discovery")
+	for i, rs := range conns {
+		// A replica host that left and is back while its actors still
+		// drain brings their ids again: it is taken once they are done.
+		if slices.ContainsFunc(rs, func(r Replica) bool { return taken[r.ID()] }) {
+			errs[i] = fmt.Errorf("target %s: its replicas from before are still draining; it is taken once they are done", fresh[i])
+			for _, r := range rs {
+				delete(d.targets, r)
+			}
+			clashed = append(clashed, rs...)
+			continue
+		}
+		for _, r := range rs {
+			r.SetState(StateRunning)
+			d.replicas = append(d.replicas, r)
+			log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica added by discovery")
+		}
 	}
 	d.spec.NumReplicas = len(d.replicas)
 	d.rebuildPoolLocked()
 	d.publishLocked()
 	d.mu.Unlock()
+	for _, r := range clashed {
+		if s, ok := r.(Stopper); ok {
+			_ = s.Stop(d.ctx)
+		}
+	}
 	return errors.Join(errs...)
 }
 

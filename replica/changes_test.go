@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -67,7 +68,7 @@ func TestReconfigureDeadlineIsNotRejection(t *testing.T) {
 func TestReconfigureFailureKeepsTargets(t *testing.T) {
 	var n atomic.Int32
 	d := startDeployment(t, DeploymentSpec{Targets: []string{"a", "b"},
-		Connect: func(id, target string, onRelease func()) ([]Replica, error) {
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
 			return []Replica{NewLocal(id, &slowReconf{fail: n.Add(1) == 1}, 1, onRelease)}, nil
 		}})
 	results, err := d.Reconfigure(context.Background(), json.RawMessage(`{}`))
@@ -121,7 +122,7 @@ func TestChangesAfterStop(t *testing.T) {
 // begun after the report does, and CheckHealthNow asks for one at once.
 func TestStalePassKeepsUnreachableOut(t *testing.T) {
 	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"}, HealthCheckPeriod: time.Hour, HealthCheckTimeout: time.Second,
-		Connect: func(id, target string, onRelease func()) ([]Replica, error) {
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
 			return []Replica{NewLocal(id, Echo{}, 1, onRelease)}, nil
 		}})
 	r := d.Replicas()[0]
@@ -144,5 +145,71 @@ func TestStalePassKeepsUnreachableOut(t *testing.T) {
 			t.Fatal("CheckHealthNow did not bring the replica back in 10 s")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// A target that leaves and comes back while its replicas still drain (a
+// replica host whose pod flapped during a long request) brings the same
+// replica ids again: it is refused with an error until the drain is done,
+// then taken, and nothing panics on the duplicate ids.
+func TestSetTargetsBackWhileDraining(t *testing.T) {
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"h:1"},
+		Connect: func(_ context.Context, _, target string, onRelease func()) ([]Replica, error) {
+			return []Replica{NewLocal(target+"/a", Echo{}, 1, onRelease)}, nil
+		}})
+	release, ok := d.Replicas()[0].TryAcquire() // a request in flight
+	if !ok {
+		t.Fatal("no slot")
+	}
+	if err := d.SetTargets(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetTargets([]string{"h:1"}); err == nil || !strings.Contains(err.Error(), "still draining") {
+		t.Fatalf("SetTargets back while draining = %v, want a still-draining error", err)
+	}
+	if n := len(d.Replicas()); n != 0 {
+		t.Fatalf("%d replicas while the old one drains, want 0", n)
+	}
+	release()
+	deadline := time.Now().Add(10 * time.Second)
+	for d.SetTargets([]string{"h:1"}) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the target was not taken after its old replica drained")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if rs := d.Replicas(); len(rs) != 1 || rs[0].ID() != "h:1/a" || rs[0].State() != StateRunning {
+		t.Fatalf("replicas after the drain: %v", rs)
+	}
+}
+
+// A target that takes long to connect does not hold back the removal of
+// those gone, and Stop cuts its connect short.
+func TestSetTargetsSlowConnect(t *testing.T) {
+	connecting := make(chan struct{})
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"},
+		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			if target == "slow" {
+				close(connecting)
+				<-ctx.Done() // a host that accepts and never says hello
+				return nil, ctx.Err()
+			}
+			return []Replica{NewLocal(id, Echo{}, 1, onRelease)}, nil
+		}})
+	done := make(chan error, 1)
+	go func() { done <- d.SetTargets([]string{"slow"}) }()
+	<-connecting
+	if n := len(d.Replicas()); n != 0 {
+		t.Fatalf("%d replicas while the new target connects, want the gone one out already", n)
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- d.Stop(context.Background()) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop waited for the connect")
+	}
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("SetTargets = %v, want the connect cut short", err)
 	}
 }

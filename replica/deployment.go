@@ -40,10 +40,10 @@ type DeploymentSpec struct {
 	// Connect (one for an HTTP server, handler upstream; a host's actors,
 	// handler host), with Targets the first set and SetTargets the next
 	// ones. id is a fresh replica id, for a target that is one replica.
-	// Nothing here can start such a replica, so one that fails its health
-	// checks leaves routing until it passes again, instead of being
-	// replaced.
-	Connect func(id, target string, onRelease func()) ([]Replica, error)
+	// ctx ends when the deployment stops. Nothing here can start such a
+	// replica, so one that fails its health checks leaves routing until it
+	// passes again, instead of being replaced.
+	Connect func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error)
 	Targets []string
 }
 

@@ -66,7 +66,9 @@ type DiscoveryOptions struct {
 // The name is asked again every Interval, whatever the records' TTLs (Go's
 // resolver keeps no cache, so each round reaches the server). SRV
 // priorities and weights are ignored: every target is a replica, and the
-// router balances by load. A name that does not exist or has no
+// router balances by load. A name with A records gives those alone, and
+// one with AAAA records only gives those: in a dual-stack cluster both
+// families name the same pods. A name that does not exist or has no
 // records (NXDOMAIN, or no data) is an answer, the empty set, which the
 // deployment serves as 503 "No replicas are available"; any other failure
 // (timeout, refused, SERVFAIL) keeps the last set, since a DNS outage is no
@@ -193,7 +195,10 @@ func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
 	return slices.Compact(urls), nil
 }
 
-// lookupIP returns host's addresses; none, without error, when the name
+// lookupIP returns host's addresses of one family: the IPv4 ones if it has
+// any, else the IPv6 ones. In a dual-stack cluster a name's A and AAAA
+// records are the same pods, which must not count twice (each would be
+// given its own max_ongoing_requests). None, without error, when the name
 // does not exist or has no address records.
 func (d *Discovery) lookupIP(ctx context.Context, host string) ([]netip.Addr, error) {
 	ips, err := d.resolver.LookupNetIP(ctx, "ip", host)
@@ -202,6 +207,9 @@ func (d *Discovery) lookupIP(ctx context.Context, host string) ([]netip.Addr, er
 	}
 	for i, ip := range ips {
 		ips[i] = ip.Unmap()
+	}
+	if slices.ContainsFunc(ips, netip.Addr.Is4) {
+		ips = slices.DeleteFunc(ips, netip.Addr.Is6)
 	}
 	return ips, err
 }

@@ -226,8 +226,11 @@ func TestDiscoveryA(t *testing.T) {
 	z.setAddrs(name, "127.0.0.3", "127.0.0.2") // one removed
 	wantSet(t, nextSet(t, changes), "http://127.0.0.2:8000", "http://127.0.0.3:8000")
 
-	z.setAddrs(name, "127.0.0.2", "::1") // IPv6
-	wantSet(t, nextSet(t, changes), "http://127.0.0.2:8000", "http://[::1]:8000")
+	z.setAddrs(name, "127.0.0.2", "::1") // dual stack: the same pods twice
+	wantSet(t, nextSet(t, changes), "http://127.0.0.2:8000")
+
+	z.setAddrs(name, "::1", "::2") // IPv6 only
+	wantSet(t, nextSet(t, changes), "http://[::1]:8000", "http://[::2]:8000")
 
 	z.setAddrs(name) // all gone: the name, without addresses
 	wantSet(t, nextSet(t, changes))
@@ -293,14 +296,14 @@ func TestDiscoverySRV(t *testing.T) {
 	z := startZone(t)
 	const svc = "_http._tcp.web.test."
 	z.setAddrs("a.web.test.", "127.0.0.1")
-	z.setAddrs("b.web.test.", "127.0.0.2", "::1")
+	z.setAddrs("b.web.test.", "127.0.0.2", "::1") // dual stack: one host
 	z.setSRV(svc,
 		dns.SRV{Priority: 1, Weight: 10, Port: 8001, Target: "a.web.test."},
 		dns.SRV{Priority: 1, Weight: 10, Port: 8002, Target: "b.web.test."},
 		dns.SRV{Priority: 1, Weight: 10, Port: 8003, Target: "gone.web.test."}, // no such target: skipped
 	)
 	changes, _ := watchDiscovery(t, "dns+srv://"+svc, z.addr)
-	wantSet(t, nextSet(t, changes), "http://127.0.0.1:8001", "http://127.0.0.2:8002", "http://[::1]:8002")
+	wantSet(t, nextSet(t, changes), "http://127.0.0.1:8001", "http://127.0.0.2:8002")
 
 	z.setSRV(svc, dns.SRV{Priority: 1, Weight: 10, Port: 9000, Target: "a.web.test."}) // moved
 	wantSet(t, nextSet(t, changes), "http://127.0.0.1:9000")
@@ -330,10 +333,13 @@ func TestDiscoveryHostPort(t *testing.T) {
 	leakCheck(t)
 	z := startZone(t)
 	z.setAddrs("a.hosts.test.", "127.0.0.1", "::1")
-	z.setSRV("_replica._tcp.hosts.test.", dns.SRV{Priority: 1, Weight: 10, Port: 9001, Target: "a.hosts.test."})
+	z.setAddrs("b.hosts.test.", "::1")
+	z.setSRV("_replica._tcp.hosts.test.",
+		dns.SRV{Priority: 1, Weight: 10, Port: 9001, Target: "a.hosts.test."},
+		dns.SRV{Priority: 1, Weight: 10, Port: 9003, Target: "b.hosts.test."})
 	for target, want := range map[string][]string{
-		"dns://a.hosts.test.:9002":            {"127.0.0.1:9002", "[::1]:9002"},
-		"dns+srv://_replica._tcp.hosts.test.": {"127.0.0.1:9001", "[::1]:9001"},
+		"dns://a.hosts.test.:9002":            {"127.0.0.1:9002"},
+		"dns+srv://_replica._tcp.hosts.test.": {"127.0.0.1:9001", "[::1]:9003"},
 	} {
 		d, err := NewDiscovery(target, DiscoveryOptions{Server: z.addr, HostPort: true, OnChange: func([]string) error { return nil }})
 		if err != nil {

@@ -81,7 +81,7 @@ func (d *Deployment) startMany(n int) []Replica {
 
 // connect builds the replicas of a target with spec.Connect.
 func (d *Deployment) connect(target string) ([]Replica, error) {
-	rs, err := d.spec.Connect(d.newID(), target, d.hooks.OnRelease)
+	rs, err := d.spec.Connect(d.ctx, d.newID(), target, d.hooks.OnRelease)
 	if err != nil {
 		return nil, fmt.Errorf("application %q deployment %q: %w", d.spec.App, d.spec.Name, err)
 	}

@@ -107,20 +107,30 @@ func stopDeployments(apps []*proxy.Application, log zerolog.Logger) {
 	}
 }
 
+// discoveryReminder is how often a connect failure that persists is
+// logged again.
+const discoveryReminder = 5 * time.Minute
+
 // discoveredTargets returns the function that gives a deployment the
 // targets its discovery found. A target it cannot connect to (a replica
 // host not answering) is tried again with each answer; the failure is
-// logged when its reason is new, not at every resolution.
+// logged when its reason is new, and again every discoveryReminder while
+// it lasts, not at every resolution.
 func discoveredTargets(dep func() *proxy.Deployment, log zerolog.Logger) func([]string) error {
-	var last string // called by build, then by Discovery.Run alone
+	// Called by build, then by Discovery.Run alone.
+	var (
+		last   string
+		logged time.Time
+	)
 	return func(targets []string) error {
 		err := dep().SetTargets(targets)
 		msg := ""
 		if err != nil {
 			msg = err.Error()
 		}
-		if msg != "" && msg != last {
+		if msg != "" && (msg != last || time.Since(logged) >= discoveryReminder) {
 			log.Error().Err(err).Msg("discovery: connecting to replicas failed; tried again at each resolution")
+			logged = time.Now()
 		}
 		last = msg
 		return err
@@ -176,7 +186,7 @@ func upstreamOptions(d config.Deployment, e config.Env) replica.UpstreamOptions 
 // setTargets.
 func upstreamSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger, setTargets func([]string) error) (*replica.Discovery, error) {
 	uo := upstreamOptions(d, e)
-	spec.Connect = func(id, target string, onRelease func()) ([]replica.Replica, error) {
+	spec.Connect = func(_ context.Context, id, target string, onRelease func()) ([]replica.Replica, error) {
 		o := uo
 		o.OnRelease = onRelease
 		r, err := replica.NewUpstreamReplica(id, target, o)
@@ -251,8 +261,8 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 			dd.ReportUnreachable(r)
 		}
 	}
-	spec.Connect = func(_, addr string, onRelease func()) ([]replica.Replica, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), hostConnectTimeout)
+	spec.Connect = func(ctx context.Context, _, addr string, onRelease func()) ([]replica.Replica, error) {
+		ctx, cancel := context.WithTimeout(ctx, hostConnectTimeout)
 		defer cancel()
 		hc, err := replica.ConnectHost(ctx, addr, replica.HostOptions{
 			OnRelease:             onRelease,
