@@ -179,6 +179,7 @@ func (d *Deployment) SetTargets(targets []string) error {
 	wg.Wait()
 
 	var clashed []Replica
+	added := 0
 	d.mu.Lock()
 	taken := make(map[string]bool, len(d.replicas)+len(d.retired))
 	for _, r := range slices.Concat(d.replicas, d.retired) {
@@ -200,10 +201,13 @@ func (d *Deployment) SetTargets(targets []string) error {
 			d.replicas = append(d.replicas, r)
 			log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica added by discovery")
 		}
+		added += len(rs)
 	}
-	d.spec.NumReplicas = len(d.replicas)
-	d.rebuildPoolLocked()
-	d.publishLocked()
+	if added > 0 {
+		d.spec.NumReplicas = len(d.replicas)
+		d.rebuildPoolLocked()
+		d.publishLocked()
+	}
 	d.mu.Unlock()
 	for _, r := range clashed {
 		if s, ok := r.(Stopper); ok {

@@ -213,3 +213,31 @@ func TestSetTargetsSlowConnect(t *testing.T) {
 		t.Fatalf("SetTargets = %v, want the connect cut short", err)
 	}
 }
+
+// A round in which every new target fails to connect changes nothing, so
+// the router is told nothing.
+func TestSetTargetsFailedRoundPublishesNothing(t *testing.T) {
+	var publishes atomic.Int32
+	d, err := NewDeployment(DeploymentSpec{App: "app", Name: "dep", MaxOngoingRequests: 1, Targets: []string{"a"},
+		GracefulShutdownTimeout: time.Second, HealthCheckTimeout: time.Second,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			if target == "down" {
+				return nil, errors.New("connection refused")
+			}
+			return []Replica{NewLocal(id, Echo{}, 1, onRelease)}, nil
+		}}, Hooks{OnChange: func([]Handle) { publishes.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	before := publishes.Load()
+	for range 3 {
+		if err := d.SetTargets([]string{"a", "down"}); err == nil {
+			t.Fatal("SetTargets with a target down gave no error")
+		}
+	}
+	if n := publishes.Load() - before; n != 0 {
+		t.Fatalf("%d publishes for rounds that changed nothing, want 0", n)
+	}
+}

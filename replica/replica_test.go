@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -222,7 +223,8 @@ func TestDeploymentReplacesUnhealthyReplica(t *testing.T) {
 	first := d.Replicas()[0]
 	failing.Store(true)
 	deadline := time.Now().Add(10 * time.Second)
-	for d.Replicas()[0] == first {
+	// Retired first, replaced next: wait for both.
+	for slices.Contains(d.Replicas(), Replica(first)) || d.Running() != 2 {
 		if time.Now().After(deadline) {
 			t.Fatal("the unhealthy replica was not replaced")
 		}

@@ -125,7 +125,7 @@ func discoveredTargets(dep func() *proxy.Deployment, log zerolog.Logger) func([]
 	return func(targets []string) error {
 		err := dep().SetTargets(targets)
 		msg := ""
-		if err != nil {
+		if err != nil && !errors.Is(err, context.Canceled) { // Canceled: stopping
 			msg = err.Error()
 		}
 		if msg != "" && (msg != last || time.Since(logged) >= discoveryReminder) {
