@@ -68,7 +68,8 @@ type promLogger struct{ p *Proxy }
 func (l promLogger) Println(v ...any) { l.p.opts.Log.Error().Msgf("metrics: %v", v) }
 
 // healthz answers 200 while the proxy takes traffic, 503 before its
-// replicas run and while it drains, as Serve's /-/healthz does.
+// replicas run (see Ready) and while it drains, as Serve's /-/healthz
+// does.
 func (p *Proxy) healthz(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	switch {

@@ -195,13 +195,14 @@ func (p *Proxy) Start() {
 func (p *Proxy) SetDraining() { p.draining.Store(true) }
 
 // Ready reports whether the proxy should receive traffic: started, not
-// draining, and every deployment has a running replica.
+// draining, and every deployment past its start (replica.Deployment
+// Settled: it has had a running replica, or gave up starting them).
 func (p *Proxy) Ready() bool {
 	if !p.started.Load() || p.draining.Load() {
 		return false
 	}
 	for _, d := range p.deployments {
-		if d.Running() == 0 {
+		if !d.Settled() {
 			return false
 		}
 	}

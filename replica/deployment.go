@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -99,6 +100,8 @@ type Deployment struct {
 	// MaxConstructorRetryCount, gaveUp stops the attempts.
 	startFailures int
 	gaveUp        bool
+	// served is set once a replica has been routable (see Settled).
+	served atomic.Bool
 	// pool holds replicas and retired, in that order: rebuilt (cheaply)
 	// whenever they change, so a Broadcast reads a fixed membership.
 	pool *Pool
@@ -215,16 +218,32 @@ func (d *Deployment) Running() int {
 // publishLocked tells the router the routable replicas. d.mu must be held,
 // so that snapshots reach the router in the order they were made.
 func (d *Deployment) publishLocked() {
-	if d.hooks.OnChange == nil {
-		return
-	}
 	hs := make([]Handle, 0, len(d.replicas))
 	for _, r := range d.replicas {
 		if r.State() == StateRunning && !d.excluded[r] {
 			hs = append(hs, r)
 		}
 	}
-	d.hooks.OnChange(hs)
+	if len(hs) > 0 {
+		d.served.Store(true)
+	}
+	if d.hooks.OnChange != nil {
+		d.hooks.OnChange(hs)
+	}
+}
+
+// Settled reports whether the deployment is past its start: one of its
+// replicas has been routable, or its starts failed
+// MaxConstructorRetryCount times in a row. A proxy is ready once every
+// deployment is; one that loses its replicas later answers 503 on its own
+// route without taking the other applications out of a load balancer.
+func (d *Deployment) Settled() bool {
+	if d.served.Load() {
+		return true
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.gaveUp
 }
 
 // rebuildPoolLocked makes the pool hold replicas and retired again. d.mu

@@ -313,12 +313,14 @@ func TestCommandCrashAtStart(t *testing.T) {
         num_replicas: 2
         max_constructor_retry_count: 3
 `)
-	// Not startProxy: /-/healthz stays 503 without a running replica of
-	// every deployment, which is the point.
+	// Not startProxy: /-/healthz is 503 until the broken deployment gives
+	// up.
 	p := startProxyUnhealthy(t, path)
 	if !p.waitLogged("deployment unhealthy: max_constructor_retry_count replica starts failed in a row", 30*time.Second) {
 		t.Fatal("no log line says the deployment gave up")
 	}
+	// Then the proxy takes traffic for the application that works.
+	p.waitHealthy(time.After(startTimeout))
 	if !p.logged("model file missing") || !p.logged("exit status 3") {
 		t.Error("the replica's stderr and exit status are not in the log")
 	}
@@ -837,6 +839,11 @@ func TestReplicaHostGoneThenBack(t *testing.T) {
 	t.Logf("503 No replicas are available %v after the kill", time.Since(start).Round(time.Millisecond))
 	if r := get(t, c, url); r.status != http.StatusServiceUnavailable {
 		t.Fatalf("a request while the host is gone: %d %q, want 503", r.status, r.body)
+	}
+	// The proxy stays ready: a deployment without replicas answers 503 on
+	// its own route, and the proxy's other routes (none here) still serve.
+	if r := get(t, c, "http://"+p.HTTPAddr+"/-/healthz"); r.status != http.StatusOK {
+		t.Fatalf("/-/healthz while the host is gone: %d %q, want 200", r.status, r.body)
 	}
 
 	startListening(t, replicaBin, append([]string{"-listen", host.addr}, args...)...)
