@@ -40,14 +40,15 @@ type applicationStatus struct {
 }
 
 type deploymentStatus struct {
-	Name               string                  `json:"name"`
-	Status             string                  `json:"status"`
-	NumReplicas        int                     `json:"num_replicas"`
-	MaxOngoingRequests int                     `json:"max_ongoing_requests"`
-	MaxQueuedRequests  int                     `json:"max_queued_requests"`
-	Queued             int                     `json:"queued"`
-	UserConfig         json.RawMessage         `json:"user_config,omitempty"`
-	Replicas           []replica.ReplicaStatus `json:"replicas"`
+	Name               string `json:"name"`
+	Status             string `json:"status"`
+	NumReplicas        int    `json:"num_replicas"`
+	MaxOngoingRequests int    `json:"max_ongoing_requests,omitempty"` // absent if its replicas' differ
+
+	MaxQueuedRequests int                     `json:"max_queued_requests"`
+	Queued            int                     `json:"queued"`
+	UserConfig        json.RawMessage         `json:"user_config,omitempty"`
+	Replicas          []replica.ReplicaStatus `json:"replicas"`
 }
 
 // deploymentStatusOf asks d's replicas for their stats (one broadcast).
@@ -71,12 +72,31 @@ func deploymentStatusOf(ctx context.Context, d *Deployment) deploymentStatus {
 		Name:               spec.Name,
 		Status:             status,
 		NumReplicas:        spec.NumReplicas,
-		MaxOngoingRequests: spec.MaxOngoingRequests,
+		MaxOngoingRequests: maxOngoingOf(d, spec.MaxOngoingRequests),
 		MaxQueuedRequests:  d.maxQueued,
 		Queued:             d.Scheduler.Queued(),
 		UserConfig:         spec.UserConfig,
 		Replicas:           replicas,
 	}
+}
+
+// maxOngoingOf is the max_ongoing_requests d's replicas share: spec's,
+// except for replica hosts, whose actors have the limit their host
+// announced; 0 if they differ, spec if there is no replica.
+func maxOngoingOf(d *Deployment, spec int) int {
+	limit := 0
+	for _, r := range d.Replicas() {
+		switch m := r.MaxOngoing(); {
+		case limit == 0:
+			limit = m
+		case m != limit:
+			return 0
+		}
+	}
+	if limit == 0 {
+		return spec
+	}
+	return limit
 }
 
 // getApplications answers every application, deployment and replica.

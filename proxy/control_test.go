@@ -387,7 +387,7 @@ func TestUpstreamDeploymentControl(t *testing.T) {
 		t.Fatalf("upstream deployment: %+v", dep)
 	}
 	base := tp.adminURL + "/-/applications/up/deployments/up-dep/"
-	if code, body := put(t, base+"num_replicas", `{"num_replicas": 5}`, ""); code != http.StatusConflict || !strings.Contains(body, "the replicas are its upstreams") {
+	if code, body := put(t, base+"num_replicas", `{"num_replicas": 5}`, ""); code != http.StatusConflict || !strings.Contains(body, "its replicas are its upstreams") {
 		t.Fatalf("PUT num_replicas on upstreams = %d %s, want 409", code, body)
 	}
 	if code, body := put(t, base+"user_config", `{"a": 1}`, ""); code != http.StatusUnprocessableEntity || !strings.Contains(body, "no Reconfigure method") {

@@ -16,7 +16,7 @@ var ErrStopped = errors.New("the deployment is stopping")
 
 // ErrFixedReplicas is Scale's error for a deployment whose replicas follow
 // their targets (handler upstream): their number is the targets'.
-var ErrFixedReplicas = errors.New("the replicas are its upstreams: change the upstreams or the DNS records, not num_replicas")
+var ErrFixedReplicas = errors.New("its replicas are its upstreams or its hosts' actors: change those (or their DNS records), not num_replicas")
 
 // Reconfigure gives every replica userConfig through one broadcast, while
 // requests keep flowing, and makes it the config of replicas built from

@@ -104,9 +104,10 @@ type applications struct {
 	Applications []struct {
 		Name        string `json:"name"`
 		Deployments []struct {
-			Name     string `json:"name"`
-			Status   string `json:"status"`
-			Replicas []struct {
+			Name       string `json:"name"`
+			Status     string `json:"status"`
+			MaxOngoing int    `json:"max_ongoing_requests"`
+			Replicas   []struct {
 				ID      string `json:"id"`
 				State   string `json:"state"`
 				Healthy bool   `json:"healthy"`
@@ -676,8 +677,8 @@ func TestReplicaHosts(t *testing.T) {
 	p := startProxy(t, nil, "-config", path)
 	c := newClient(t, 50)
 	dep := getApplications(t, c, p).Applications[0].Deployments[0]
-	if len(dep.Replicas) != 8 || dep.Status != "HEALTHY" {
-		t.Fatalf("deployment over two hosts of 4 actors: %+v", dep)
+	if len(dep.Replicas) != 8 || dep.Status != "HEALTHY" || dep.MaxOngoing != 20 {
+		t.Fatalf("deployment over two hosts of 4 actors of limit 20 (the hosts' flags): %+v", dep)
 	}
 
 	// A reconfigure reaches every actor through one control frame per host.
