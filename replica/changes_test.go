@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -239,5 +240,38 @@ func TestSetTargetsFailedRoundPublishesNothing(t *testing.T) {
 	}
 	if n := publishes.Load() - before; n != 0 {
 		t.Fatalf("%d publishes for rounds that changed nothing, want 0", n)
+	}
+}
+
+// Scaling up starts the missing replica processes at once, not one after
+// another: each start here returns only once all four are in progress.
+func TestScaleStartsProcessesAtOnce(t *testing.T) {
+	var inStart atomic.Int32
+	allIn := make(chan struct{})
+	var once sync.Once
+	first := true
+	d := startDeployment(t, DeploymentSpec{NumReplicas: 1,
+		Start: func(ctx context.Context, id string, onRelease func()) (Replica, error) {
+			if first { // the replica of NewDeployment
+				first = false
+				return NewLocal(id, Echo{}, 1, onRelease), nil
+			}
+			if inStart.Add(1) == 4 {
+				once.Do(func() { close(allIn) })
+			}
+			select {
+			case <-allIn:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(10 * time.Second):
+				return nil, errors.New("the other starts never began: started one at a time")
+			}
+			return NewLocal(id, Echo{}, 1, onRelease), nil
+		}})
+	if err := d.Scale(context.Background(), 5); err != nil {
+		t.Fatal(err)
+	}
+	if n := d.Running(); n != 5 {
+		t.Fatalf("%d running after Scale(5), want 5", n)
 	}
 }

@@ -56,14 +56,18 @@ func (d *Deployment) newReplica(ctx context.Context, userConfig json.RawMessage)
 	return r, nil
 }
 
-// startMany starts n replicas with spec.Start at once (each may take
-// seconds to become healthy) and returns those that started; the failures
-// are logged and counted, for the starter to retry.
+// startMany starts n replicas with spec.Start at once, maxParallelStarts
+// at a time (each may take seconds to become healthy), and returns those
+// that started; the failures are logged and counted, for the starter to
+// retry.
 func (d *Deployment) startMany(n int) []Replica {
 	got := make([]Replica, n)
 	var wg sync.WaitGroup
+	sem := make(chan struct{}, maxParallelStarts)
 	for i := range n {
 		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
 			r, err := d.newReplica(d.ctx, d.spec.UserConfig)
 			if err != nil {
 				d.log().Error().Err(err).Msg("starting a replica failed; retrying with backoff")
@@ -218,9 +222,16 @@ func (d *Deployment) topUp() error {
 	return d.topUpHeld(d.ctx)
 }
 
+// maxParallelStarts bounds the replica processes (spec.Start) started at
+// once: each may take seconds to become healthy, but a thousand at once
+// would slow every one of them.
+const maxParallelStarts = 16
+
 // topUpHeld is topUp with d.control held. Replicas are built without d.mu
-// held (a factory may load a model, a process may take seconds). It
-// returns the first failure, counted towards MaxConstructorRetryCount.
+// held (a factory may load a model, a process may take seconds): replica
+// processes up to maxParallelStarts at once, in-process ones one at a
+// time (a user's factory need not be safe for concurrent use). It returns
+// the first failure; each counts towards MaxConstructorRetryCount.
 func (d *Deployment) topUpHeld(ctx context.Context) error {
 	if d.spec.Connect != nil {
 		return nil // the targets give the replicas
@@ -234,11 +245,52 @@ func (d *Deployment) topUpHeld(ctx context.Context) error {
 		if missing <= 0 || gaveUp || d.ctx.Err() != nil || ctx.Err() != nil {
 			return ctx.Err()
 		}
-		r, err := d.newReplica(ctx, userConfig)
-		if err != nil && (ctx.Err() != nil || d.ctx.Err() != nil) {
-			return err // cut short, not failed: not counted
+		n := 1
+		if d.spec.Start != nil {
+			n = min(missing, maxParallelStarts)
 		}
-		if err != nil {
+		built := make([]Replica, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { built[i], errs[i] = d.newReplica(ctx, userConfig) })
+		}
+		wg.Wait()
+		built = slices.DeleteFunc(built, func(r Replica) bool { return r == nil })
+
+		d.mu.Lock()
+		if d.ctx.Err() != nil {
+			d.mu.Unlock()
+			for _, r := range built {
+				if s, ok := r.(Stopper); ok {
+					_ = s.Stop(context.Background())
+				}
+			}
+			return nil
+		}
+		for _, r := range built {
+			d.startFailures = 0
+			r.SetState(StateRunning)
+			d.replicas = append(d.replicas, r)
+			d.watchExitLocked(r)
+		}
+		if len(built) > 0 {
+			d.rebuildPoolLocked()
+			d.publishLocked()
+		}
+		d.mu.Unlock()
+		for _, r := range built {
+			log.Info().Str("replica", r.ID()).Msg("replica started")
+		}
+
+		var first error
+		for _, err := range errs {
+			if err == nil {
+				continue
+			}
+			if ctx.Err() != nil || d.ctx.Err() != nil {
+				return err // cut short, not failed: not counted
+			}
 			d.mu.Lock()
 			d.startFailures++
 			n := d.startFailures
@@ -248,28 +300,17 @@ func (d *Deployment) topUpHeld(ctx context.Context) error {
 			gaveUp := d.gaveUp
 			d.mu.Unlock()
 			if gaveUp {
-				log.Error().Err(err).Int("failed_starts", n).Int("missing_replicas", missing).
+				log.Error().Err(err).Int("failed_starts", n).Int("missing_replicas", missing-len(built)).
 					Msg("deployment unhealthy: max_constructor_retry_count replica starts failed in a row; no more attempts until num_replicas is set again")
-			} else {
-				log.Error().Err(err).Int("failed_starts", n).Int("missing_replicas", missing).Msg("starting a replica failed; retrying with backoff")
+				return err
 			}
-			return err
-		}
-		d.mu.Lock()
-		if d.ctx.Err() != nil {
-			d.mu.Unlock()
-			if s, ok := r.(Stopper); ok {
-				_ = s.Stop(context.Background())
+			log.Error().Err(err).Int("failed_starts", n).Int("missing_replicas", missing-len(built)).Msg("starting a replica failed; retrying with backoff")
+			if first == nil {
+				first = err
 			}
-			return nil
 		}
-		d.startFailures = 0
-		r.SetState(StateRunning)
-		d.replicas = append(d.replicas, r)
-		d.watchExitLocked(r)
-		d.rebuildPoolLocked()
-		d.publishLocked()
-		d.mu.Unlock()
-		log.Info().Str("replica", r.ID()).Msg("replica started")
+		if first != nil {
+			return first
+		}
 	}
 }
