@@ -275,3 +275,53 @@ func TestScaleStartsProcessesAtOnce(t *testing.T) {
 		t.Fatalf("%d running after Scale(5), want 5", n)
 	}
 }
+
+// A round of parallel starts that started some is progress: its failures
+// are retried and do not count towards max_constructor_retry_count, so a
+// few failing starts among many never make the deployment give up.
+func TestScaleSomeStartsFail(t *testing.T) {
+	var calls atomic.Int32
+	d := startDeployment(t, DeploymentSpec{NumReplicas: 1, MaxConstructorRetryCount: 2,
+		Start: func(_ context.Context, id string, onRelease func()) (Replica, error) {
+			if calls.Add(1)%5 == 0 {
+				return nil, errors.New("a flaky start")
+			}
+			return NewLocal(id, Echo{}, 1, onRelease), nil
+		}})
+	_ = d.Scale(context.Background(), 17) // its first round had failures
+	deadline := time.Now().Add(10 * time.Second)
+	for d.Running() != 17 {
+		if time.Now().After(deadline) {
+			d.mu.Lock()
+			gaveUp := d.gaveUp
+			d.mu.Unlock()
+			t.Fatalf("%d of 17 running (gave up: %v): the failed starts were counted as rounds that started none", d.Running(), gaveUp)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Settled is for good once reached: a deployment that gave up stays
+// settled when a Scale starts the attempts again, and one that follows
+// targets is settled at Start even with none.
+func TestSettledLatches(t *testing.T) {
+	d := startDeployment(t, DeploymentSpec{NumReplicas: 1, MaxConstructorRetryCount: 1,
+		Start: func(context.Context, string, func()) (Replica, error) { return nil, errors.New("broken") }})
+	deadline := time.Now().Add(10 * time.Second)
+	for !d.Settled() {
+		if time.Now().After(deadline) {
+			t.Fatal("a deployment that gave up is not settled")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = d.Scale(context.Background(), 2) // clears gaveUp, fails again
+	if !d.Settled() {
+		t.Fatal("Settled went back to false after a Scale")
+	}
+	empty := startDeployment(t, DeploymentSpec{Connect: func(context.Context, string, string, func()) ([]Replica, error) {
+		return nil, errors.New("unused")
+	}})
+	if !empty.Settled() {
+		t.Fatal("a deployment of targets with none is not settled at Start")
+	}
+}

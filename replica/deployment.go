@@ -100,8 +100,9 @@ type Deployment struct {
 	// MaxConstructorRetryCount, gaveUp stops the attempts.
 	startFailures int
 	gaveUp        bool
-	// served is set once a replica has been routable (see Settled).
-	served atomic.Bool
+	// settled is set once the deployment is past its start, and never
+	// cleared (see Settled).
+	settled atomic.Bool
 	// pool holds replicas and retired, in that order: rebuilt (cheaply)
 	// whenever they change, so a Broadcast reads a fixed membership.
 	pool *Pool
@@ -184,6 +185,9 @@ func (d *Deployment) Start() {
 		d.watchExitLocked(r)
 	}
 	d.publishLocked()
+	if d.spec.Connect != nil {
+		d.settled.Store(true)
+	}
 	d.mu.Unlock()
 	d.wg.Add(1)
 	go d.starter(d.ctx)
@@ -225,7 +229,7 @@ func (d *Deployment) publishLocked() {
 		}
 	}
 	if len(hs) > 0 {
-		d.served.Store(true)
+		d.settled.Store(true)
 	}
 	if d.hooks.OnChange != nil {
 		d.hooks.OnChange(hs)
@@ -234,17 +238,12 @@ func (d *Deployment) publishLocked() {
 
 // Settled reports whether the deployment is past its start: one of its
 // replicas has been routable, or its starts failed
-// MaxConstructorRetryCount times in a row. A proxy is ready once every
-// deployment is; one that loses its replicas later answers 503 on its own
-// route without taking the other applications out of a load balancer.
-func (d *Deployment) Settled() bool {
-	if d.served.Load() {
-		return true
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.gaveUp
-}
+// MaxConstructorRetryCount times in a row, or it follows targets (Connect)
+// and has started: those are whatever the targets are, none included. It
+// stays true from then on. A proxy is ready once every deployment is; one
+// that loses its replicas later answers 503 on its own route without
+// taking the other applications out of a load balancer.
+func (d *Deployment) Settled() bool { return d.settled.Load() }
 
 // rebuildPoolLocked makes the pool hold replicas and retired again. d.mu
 // must be held.

@@ -71,16 +71,19 @@ func (d *Deployment) startMany(n int) []Replica {
 			r, err := d.newReplica(d.ctx, d.spec.UserConfig)
 			if err != nil {
 				d.log().Error().Err(err).Msg("starting a replica failed; retrying with backoff")
-				d.mu.Lock()
-				d.startFailures++
-				d.mu.Unlock()
 				return
 			}
 			got[i] = r
 		})
 	}
 	wg.Wait()
-	return slices.DeleteFunc(got, func(r Replica) bool { return r == nil })
+	got = slices.DeleteFunc(got, func(r Replica) bool { return r == nil })
+	if len(got) == 0 && n > 0 {
+		d.mu.Lock()
+		d.startFailures++ // one round that started none (see topUpHeld)
+		d.mu.Unlock()
+	}
+	return got
 }
 
 // connect builds the replicas of a target with spec.Connect.
@@ -229,9 +232,12 @@ const maxParallelStarts = 16
 
 // topUpHeld is topUp with d.control held. Replicas are built without d.mu
 // held (a factory may load a model, a process may take seconds): replica
-// processes up to maxParallelStarts at once, in-process ones one at a
-// time (a user's factory need not be safe for concurrent use). It returns
-// the first failure; each counts towards MaxConstructorRetryCount.
+// processes in rounds of up to maxParallelStarts at once, in-process ones
+// one at a time (a user's factory need not be safe for concurrent use). It
+// returns the first failure. A round that starts none counts once towards
+// MaxConstructorRetryCount (and the starter's backoff), as one start did
+// when they were made one at a time; a round that starts any is progress,
+// and its failures are retried without counting.
 func (d *Deployment) topUpHeld(ctx context.Context) error {
 	if d.spec.Connect != nil {
 		return nil // the targets give the replicas
@@ -257,24 +263,27 @@ func (d *Deployment) topUpHeld(ctx context.Context) error {
 		}
 		wg.Wait()
 		built = slices.DeleteFunc(built, func(r Replica) bool { return r == nil })
+		errs = slices.DeleteFunc(errs, func(err error) bool { return err == nil })
 
 		d.mu.Lock()
 		if d.ctx.Err() != nil {
 			d.mu.Unlock()
+			var stops sync.WaitGroup
 			for _, r := range built {
 				if s, ok := r.(Stopper); ok {
-					_ = s.Stop(context.Background())
+					stops.Go(func() { _ = s.Stop(context.Background()) })
 				}
 			}
+			stops.Wait()
 			return nil
 		}
 		for _, r := range built {
-			d.startFailures = 0
 			r.SetState(StateRunning)
 			d.replicas = append(d.replicas, r)
 			d.watchExitLocked(r)
 		}
 		if len(built) > 0 {
+			d.startFailures = 0
 			d.rebuildPoolLocked()
 			d.publishLocked()
 		}
@@ -282,35 +291,33 @@ func (d *Deployment) topUpHeld(ctx context.Context) error {
 		for _, r := range built {
 			log.Info().Str("replica", r.ID()).Msg("replica started")
 		}
-
-		var first error
-		for _, err := range errs {
-			if err == nil {
-				continue
-			}
-			if ctx.Err() != nil || d.ctx.Err() != nil {
-				return err // cut short, not failed: not counted
-			}
-			d.mu.Lock()
+		if len(errs) == 0 {
+			continue
+		}
+		if ctx.Err() != nil || d.ctx.Err() != nil {
+			return errs[0] // cut short, not failed: not counted
+		}
+		d.mu.Lock()
+		if len(built) == 0 {
 			d.startFailures++
-			n := d.startFailures
-			if limit := d.spec.MaxConstructorRetryCount; limit > 0 && n >= limit {
+			if limit := d.spec.MaxConstructorRetryCount; limit > 0 && d.startFailures >= limit {
 				d.gaveUp = true
-			}
-			gaveUp := d.gaveUp
-			d.mu.Unlock()
-			if gaveUp {
-				log.Error().Err(err).Int("failed_starts", n).Int("missing_replicas", missing-len(built)).
-					Msg("deployment unhealthy: max_constructor_retry_count replica starts failed in a row; no more attempts until num_replicas is set again")
-				return err
-			}
-			log.Error().Err(err).Int("failed_starts", n).Int("missing_replicas", missing-len(built)).Msg("starting a replica failed; retrying with backoff")
-			if first == nil {
-				first = err
+				d.settled.Store(true)
 			}
 		}
-		if first != nil {
-			return first
+		failures, gaveUp := d.startFailures, d.gaveUp
+		d.mu.Unlock()
+		msg := "starting a replica failed; retrying with backoff"
+		if gaveUp {
+			msg = "starting a replica failed"
 		}
+		for _, err := range errs {
+			log.Error().Err(err).Int("failed_starts", failures).Int("missing_replicas", missing-len(built)).Msg(msg)
+		}
+		if gaveUp {
+			log.Error().Int("failed_starts", failures).Int("missing_replicas", missing).
+				Msg("deployment unhealthy: max_constructor_retry_count replica starts failed in a row; no more attempts until num_replicas is set again")
+		}
+		return errs[0]
 	}
 }
