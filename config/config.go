@@ -103,9 +103,9 @@ type Deployment struct {
 	// UserConfig is passed to the replicas' reconfigure call. It is a JSON
 	// object (a YAML mapping in the file), or nil when the file has none.
 	UserConfig json.RawMessage `yaml:"user_config"`
-	// MaxConstructorRetryCount is how many replica starts in a row may
-	// fail before the deployment stops trying and is marked unhealthy, at
-	// least 1; 20 by default, as in Serve.
+	// MaxConstructorRetryCount is how many rounds of replica starts in a
+	// row may start none before the deployment stops trying and is marked
+	// unhealthy, at least 1; 20 by default, as in Serve.
 	MaxConstructorRetryCount int `yaml:"max_constructor_retry_count"`
 
 	// Upstreams are the base URLs (http or https, no query) of the HTTP

@@ -305,14 +305,15 @@ func TestScaleSomeStartsFail(t *testing.T) {
 // settled when a Scale starts the attempts again, and one that follows
 // targets is settled at Start even with none.
 func TestSettledLatches(t *testing.T) {
+	var starts atomic.Int32
 	d := startDeployment(t, DeploymentSpec{NumReplicas: 1, MaxConstructorRetryCount: 1,
-		Start: func(context.Context, string, func()) (Replica, error) { return nil, errors.New("broken") }})
-	deadline := time.Now().Add(10 * time.Second)
-	for !d.Settled() {
-		if time.Now().After(deadline) {
-			t.Fatal("a deployment that gave up is not settled")
-		}
-		time.Sleep(10 * time.Millisecond)
+		Start: func(context.Context, string, func()) (Replica, error) {
+			starts.Add(1)
+			return nil, errors.New("broken")
+		}})
+	// With a limit of 1 the first round, in NewDeployment, is the last.
+	if !d.Settled() || starts.Load() != 1 {
+		t.Fatalf("after one failed round with max_constructor_retry_count 1: settled %v, %d starts; want settled after 1", d.Settled(), starts.Load())
 	}
 	_ = d.Scale(context.Background(), 2) // clears gaveUp, fails again
 	if !d.Settled() {

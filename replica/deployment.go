@@ -25,9 +25,10 @@ type DeploymentSpec struct {
 	HealthCheckTimeout      time.Duration
 	GracefulShutdownTimeout time.Duration
 
-	// MaxConstructorRetryCount is how many replica starts in a row may
-	// fail before the deployment stops trying (until the next Scale). If
-	// 0, there is no limit.
+	// MaxConstructorRetryCount is how many rounds of replica starts in a
+	// row may start none before the deployment stops trying (until the
+	// next Scale); a round starts the missing replicas, processes at once,
+	// in-process ones one at a time. If 0, there is no limit.
 	MaxConstructorRetryCount int
 
 	// Start, if not nil, builds each replica instead of Factory: a
@@ -96,8 +97,8 @@ type Deployment struct {
 	// check begun before it cannot bring the replica back.
 	unreachableAt map[Replica]time.Time
 	targets       map[Replica]string // each replica's target, with Connect
-	// startFailures counts replica starts failed in a row; past
-	// MaxConstructorRetryCount, gaveUp stops the attempts.
+	// startFailures counts rounds of starts in a row that started none;
+	// at MaxConstructorRetryCount, gaveUp stops the attempts.
 	startFailures int
 	gaveUp        bool
 	// settled is set once the deployment is past its start, and never
@@ -238,7 +239,7 @@ func (d *Deployment) publishLocked() {
 
 // Settled reports whether the deployment is past its start: one of its
 // replicas has been routable, or its starts failed
-// MaxConstructorRetryCount times in a row, or it follows targets (Connect)
+// MaxConstructorRetryCount rounds in a row, or it follows targets (Connect)
 // and has started: those are whatever the targets are, none included. It
 // stays true from then on. A proxy is ready once every deployment is; one
 // that loses its replicas later answers 503 on its own route without

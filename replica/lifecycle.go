@@ -79,9 +79,9 @@ func (d *Deployment) startMany(n int) []Replica {
 	wg.Wait()
 	got = slices.DeleteFunc(got, func(r Replica) bool { return r == nil })
 	if len(got) == 0 && n > 0 {
-		d.mu.Lock()
-		d.startFailures++ // one round that started none (see topUpHeld)
-		d.mu.Unlock()
+		if d.countFailedRound() {
+			d.log().Error().Int("failed_starts", 1).Int("missing_replicas", n).Msg(gaveUpMessage)
+		}
 	}
 	return got
 }
@@ -186,8 +186,8 @@ func (d *Deployment) kick() {
 
 // starter starts missing replicas whenever kicked (a replica retired or
 // exited, a health period passed), until ctx ends. A failed start is
-// retried with backoff; after MaxConstructorRetryCount failures in a row it
-// gives up until the next Scale, with an error in the log.
+// retried with backoff; after MaxConstructorRetryCount rounds in a row that
+// started none it gives up until the next Scale, with an error in the log.
 func (d *Deployment) starter(ctx context.Context) {
 	defer d.wg.Done()
 	for {
@@ -223,6 +223,24 @@ func (d *Deployment) topUp() error {
 	d.control.Lock()
 	defer d.control.Unlock()
 	return d.topUpHeld(d.ctx)
+}
+
+// gaveUpMessage is the log line of a deployment that stops starting
+// replicas.
+const gaveUpMessage = "deployment unhealthy: max_constructor_retry_count rounds of replica starts failed in a row; no more attempts until num_replicas is set again"
+
+// countFailedRound counts a round of starts that started none and reports
+// whether the deployment gives up with it.
+func (d *Deployment) countFailedRound() (gaveUp bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.startFailures++
+	if limit := d.spec.MaxConstructorRetryCount; limit > 0 && d.startFailures >= limit && !d.gaveUp {
+		d.gaveUp = true
+		d.settled.Store(true)
+		return true
+	}
+	return false
 }
 
 // maxParallelStarts bounds the replica processes (spec.Start) started at
@@ -297,14 +315,10 @@ func (d *Deployment) topUpHeld(ctx context.Context) error {
 		if ctx.Err() != nil || d.ctx.Err() != nil {
 			return errs[0] // cut short, not failed: not counted
 		}
-		d.mu.Lock()
 		if len(built) == 0 {
-			d.startFailures++
-			if limit := d.spec.MaxConstructorRetryCount; limit > 0 && d.startFailures >= limit {
-				d.gaveUp = true
-				d.settled.Store(true)
-			}
+			d.countFailedRound()
 		}
+		d.mu.Lock()
 		failures, gaveUp := d.startFailures, d.gaveUp
 		d.mu.Unlock()
 		msg := "starting a replica failed; retrying with backoff"
@@ -316,7 +330,7 @@ func (d *Deployment) topUpHeld(ctx context.Context) error {
 		}
 		if gaveUp {
 			log.Error().Int("failed_starts", failures).Int("missing_replicas", missing).
-				Msg("deployment unhealthy: max_constructor_retry_count replica starts failed in a row; no more attempts until num_replicas is set again")
+				Msg(gaveUpMessage)
 		}
 		return errs[0]
 	}

@@ -317,7 +317,7 @@ func TestCommandCrashAtStart(t *testing.T) {
 	// Not startProxy: /-/healthz is 503 until the broken deployment gives
 	// up.
 	p := startProxyUnhealthy(t, path)
-	if !p.waitLogged("deployment unhealthy: max_constructor_retry_count replica starts failed in a row", 30*time.Second) {
+	if !p.waitLogged("deployment unhealthy: max_constructor_retry_count rounds of replica starts failed in a row", 30*time.Second) {
 		t.Fatal("no log line says the deployment gave up")
 	}
 	// Then the proxy takes traffic for the application that works.
