@@ -29,6 +29,18 @@ func rawGet(t *testing.T, c net.Conn, br *bufio.Reader, path string) *http.Respo
 	return resp
 }
 
+// dialRaw opens a connection to addr for raw HTTP/1.1, closed when the
+// test ends.
+func dialRaw(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, bufio.NewReader(c)
+}
+
 // waitClosed reads c until the server closes it (at most 10 s) and returns
 // when that was.
 func waitClosed(t *testing.T, c net.Conn, br *bufio.Reader) time.Time {
@@ -60,12 +72,7 @@ func TestKeepAliveTimeout(t *testing.T) {
 	addr := strings.TrimPrefix(tp.url, "http://")
 
 	t.Run("idle", func(t *testing.T) {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		br := bufio.NewReader(c)
+		c, br := dialRaw(t, addr)
 		rawGet(t, c, br, "/")
 		idle := time.Now()
 		// The server's clock starts a little before the client's: half the
@@ -76,12 +83,7 @@ func TestKeepAliveTimeout(t *testing.T) {
 	})
 
 	t.Run("busy", func(t *testing.T) {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		br := bufio.NewReader(c)
+		c, br := dialRaw(t, addr)
 		opened := time.Now()
 		// Requests closer together than the timeout keep the connection,
 		// and so does one that runs for three times the timeout.
@@ -104,12 +106,7 @@ func TestKeepAliveTimeout(t *testing.T) {
 	t.Run("slow body", func(t *testing.T) {
 		// A request whose body takes longer than the timeout to arrive is
 		// active, not idle: it is answered.
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		br := bufio.NewReader(c)
+		c, br := dialRaw(t, addr)
 		if _, err := io.WriteString(c, "POST / HTTP/1.1\r\nHost: test\r\nContent-Length: 4\r\n\r\nab"); err != nil {
 			t.Fatal(err)
 		}

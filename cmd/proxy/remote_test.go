@@ -397,13 +397,41 @@ func (z *srvZone) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	}
 }
 
+// portOf is the port of a loopback host:port.
+func portOf(addr string) int {
+	_, p, _ := net.SplitHostPort(addr)
+	n, _ := strconv.Atoi(p)
+	return n
+}
+
+// routable counts the RUNNING replicas of p's first deployment.
+func routable(t *testing.T, c *http.Client, p *proc) int {
+	t.Helper()
+	n := 0
+	for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
+		if rep.State == "RUNNING" {
+			n++
+		}
+	}
+	return n
+}
+
+// wantNoReplicas checks that url answers 503 No replicas are available at
+// once: a deployment left without replicas must not make requests hang.
+func wantNoReplicas(t *testing.T, c *http.Client, url string) {
+	t.Helper()
+	start := time.Now()
+	if r := get(t, c, url); r.status != 503 || !strings.Contains(r.body, "No replicas are available") {
+		t.Fatalf("GET %s with no replica: %d %q, want 503 No replicas are available", url, r.status, r.body)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the 503 took %v: requests must not hang when no replica is left", took)
+	}
+}
+
 func TestDiscoveryFollowsDNS(t *testing.T) {
 	his := []*hiProcess{startHi(t), startHi(t), startHi(t)}
-	port := func(h *hiProcess) int {
-		_, p, _ := net.SplitHostPort(h.addr)
-		n, _ := strconv.Atoi(p)
-		return n
-	}
+	port := func(h *hiProcess) int { return portOf(h.addr) }
 	z := startSRVZone(t)
 	z.set(port(his[0]), port(his[1]))
 	path := writeConfig(t, `applications:
@@ -420,20 +448,11 @@ func TestDiscoveryFollowsDNS(t *testing.T) {
 	p := startProxy(t, nil, "-config", path)
 	c := newClient(t, 4)
 	replicas := func() int { return len(getApplications(t, c, p).Applications[0].Deployments[0].Replicas) }
-	routable := func() int {
-		n := 0
-		for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
-			if rep.State == "RUNNING" {
-				n++
-			}
-		}
-		return n
-	}
-	if n := routable(); n != 2 {
+	if n := routable(t, c, p); n != 2 {
 		t.Fatalf("%d replicas from the first answer, want 2", n)
 	}
 	z.set(port(his[0]), port(his[1]), port(his[2]))
-	waitUntil(t, "a third replica from DNS", func() bool { return routable() == 3 })
+	waitUntil(t, "a third replica from DNS", func() bool { return routable(t, c, p) == 3 })
 	z.set(port(his[2]))
 	waitUntil(t, "two replicas gone from DNS", func() bool { return replicas() == 1 })
 	if r := get(t, c, "http://"+p.HTTPAddr+"/"); r.status != 200 || r.body != "hi" {
@@ -441,15 +460,9 @@ func TestDiscoveryFollowsDNS(t *testing.T) {
 	}
 	z.set() // all gone
 	waitUntil(t, "every replica gone", func() bool { return replicas() == 0 })
-	start := time.Now()
-	if r := get(t, c, "http://"+p.HTTPAddr+"/"); r.status != 503 || !strings.Contains(r.body, "No replicas are available") {
-		t.Fatalf("GET / with none: %d %q, want 503 No replicas are available", r.status, r.body)
-	}
-	if took := time.Since(start); took > 5*time.Second {
-		t.Fatalf("the 503 took %v: requests must not hang when no replica is left", took)
-	}
+	wantNoReplicas(t, c, "http://"+p.HTTPAddr+"/")
 	z.set(port(his[1]))
-	waitUntil(t, "a replica back", func() bool { return routable() == 1 })
+	waitUntil(t, "a replica back", func() bool { return routable(t, c, p) == 1 })
 	var served atomic.Int32
 	for range 20 {
 		if r := get(t, c, "http://"+p.HTTPAddr+"/"); r.status == 200 {
@@ -865,11 +878,7 @@ func TestReplicaHostDiscovery(t *testing.T) {
 		startListeningEnv(t, map[string]string{"PROXY_LOG_LEVEL": "debug"}, replicaBin, append([]string{"-listen", "127.0.0.1:0"}, args...)...),
 		startReplicaHost(t, args...),
 	}
-	port := func(addr string) int {
-		_, p, _ := net.SplitHostPort(addr)
-		n, _ := strconv.Atoi(p)
-		return n
-	}
+	port := portOf
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -893,23 +902,14 @@ func TestReplicaHostDiscovery(t *testing.T) {
 	c := newClient(t, 4)
 	c.Timeout = 5 * time.Second
 	url := "http://" + p.HTTPAddr + "/"
-	routable := func() int {
-		n := 0
-		for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
-			if rep.State == "RUNNING" {
-				n++
-			}
-		}
-		return n
-	}
-	if n := routable(); n != 2 {
+	if n := routable(t, c, p); n != 2 {
 		t.Fatalf("%d replicas from the first answer (one host up, one not yet), want the 2 actors of the one up", n)
 	}
 	if !p.waitLogged("discovery: connecting to replicas failed", 5*time.Second) || !p.logged(late) {
 		t.Errorf("no error line naming the host in DNS that does not answer:\n%s", strings.Join(p.stderrLines(), "\n"))
 	}
 	startListening(t, replicaBin, append([]string{"-listen", late}, args...)...)
-	waitUntil(t, "the late host connected at a later resolution", func() bool { return routable() == 4 })
+	waitUntil(t, "the late host connected at a later resolution", func() bool { return routable(t, c, p) == 4 })
 
 	z.set(port(late), port(hosts[1].addr))
 	waitUntil(t, "a host gone from DNS and one added", func() bool {
@@ -918,7 +918,7 @@ func TestReplicaHostDiscovery(t *testing.T) {
 			host, _, _ := strings.Cut(rep.ID, "/")
 			on[host]++
 		}
-		return on[hosts[0].addr] == 0 && on[hosts[1].addr] == 2 && routable() == 4
+		return on[hosts[0].addr] == 0 && on[hosts[1].addr] == 2 && routable(t, c, p) == 4
 	})
 	for i := range 50 {
 		if r := get(t, c, url); r.status != 200 || r.body != "hi" {
@@ -933,13 +933,7 @@ func TestReplicaHostDiscovery(t *testing.T) {
 
 	z.set() // every host gone
 	waitUntil(t, "every host gone", func() bool { return len(getApplications(t, c, p).Applications[0].Deployments[0].Replicas) == 0 })
-	start := time.Now()
-	if r := get(t, c, url); r.status != 503 || !strings.Contains(r.body, "No replicas are available") {
-		t.Fatalf("GET / with no host: %d %q, want 503 No replicas are available", r.status, r.body)
-	}
-	if took := time.Since(start); took > 5*time.Second {
-		t.Fatalf("the 503 took %v", took)
-	}
+	wantNoReplicas(t, c, url)
 }
 
 // mustRequest builds a request with a body.
