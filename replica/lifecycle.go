@@ -62,26 +62,30 @@ func (d *Deployment) newReplica(ctx context.Context, userConfig json.RawMessage)
 // retry.
 func (d *Deployment) startMany(n int) []Replica {
 	got := make([]Replica, n)
+	errs := make([]error, n)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, maxParallelStarts)
 	for i := range n {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			r, err := d.newReplica(d.ctx, d.spec.UserConfig)
-			if err != nil {
-				d.log().Error().Err(err).Msg("starting a replica failed; retrying with backoff")
-				return
-			}
-			got[i] = r
+			got[i], errs[i] = d.newReplica(d.ctx, d.spec.UserConfig)
 		})
 	}
 	wg.Wait()
 	got = slices.DeleteFunc(got, func(r Replica) bool { return r == nil })
-	if len(got) == 0 && n > 0 {
-		if d.countFailedRound() {
-			d.log().Error().Int("failed_starts", 1).Int("missing_replicas", n).Msg(gaveUpMessage)
+	gaveUp := len(got) == 0 && n > 0 && d.countFailedRound()
+	msg := "starting a replica failed; retrying with backoff"
+	if gaveUp {
+		msg = "starting a replica failed"
+	}
+	for _, err := range errs {
+		if err != nil {
+			d.log().Error().Err(err).Msg(msg)
 		}
+	}
+	if gaveUp {
+		d.log().Error().Int("failed_starts", 1).Int("missing_replicas", n).Msg(gaveUpMessage)
 	}
 	return got
 }
