@@ -40,15 +40,18 @@ type applicationStatus struct {
 }
 
 type deploymentStatus struct {
-	Name               string `json:"name"`
-	Status             string `json:"status"`
-	NumReplicas        int    `json:"num_replicas"`
-	MaxOngoingRequests int    `json:"max_ongoing_requests,omitempty"` // absent if its replicas' differ
-
-	MaxQueuedRequests int                     `json:"max_queued_requests"`
-	Queued            int                     `json:"queued"`
-	UserConfig        json.RawMessage         `json:"user_config,omitempty"`
-	Replicas          []replica.ReplicaStatus `json:"replicas"`
+	Name        string `json:"name"`
+	Status      string `json:"status"`
+	NumReplicas int    `json:"num_replicas"`
+	// MaxOngoingRequests is absent if its replicas' limits differ.
+	MaxOngoingRequests int                     `json:"max_ongoing_requests,omitempty"`
+	MaxQueuedRequests  int                     `json:"max_queued_requests"`
+	Queued             int                     `json:"queued"`
+	UserConfig         json.RawMessage         `json:"user_config,omitempty"`
+	Replicas           []replica.ReplicaStatus `json:"replicas"`
+	// Unconnected are targets found (upstreams or replica hosts in DNS)
+	// that it could not connect to yet.
+	Unconnected []replica.TargetError `json:"unconnected_targets,omitempty"`
 }
 
 // deploymentStatusOf asks d's replicas for their stats (one broadcast).
@@ -77,6 +80,7 @@ func deploymentStatusOf(ctx context.Context, d *Deployment) deploymentStatus {
 		Queued:             d.Scheduler.Queued(),
 		UserConfig:         spec.UserConfig,
 		Replicas:           replicas,
+		Unconnected:        d.Unconnected(),
 	}
 }
 

@@ -166,6 +166,9 @@ func (d *Deployment) SetTargets(targets []string) error {
 		}
 	}
 	if len(fresh) == 0 {
+		d.mu.Lock()
+		d.unconnected = nil
+		d.mu.Unlock()
 		return nil
 	}
 	// At once, so that a target that does not answer (a replica host
@@ -208,6 +211,12 @@ func (d *Deployment) SetTargets(targets []string) error {
 		d.rebuildPoolLocked()
 		d.publishLocked()
 	}
+	d.unconnected = nil
+	for i, err := range errs {
+		if err != nil {
+			d.unconnected = append(d.unconnected, TargetError{Target: fresh[i], Error: err.Error()})
+		}
+	}
 	d.mu.Unlock()
 	for _, r := range clashed {
 		if s, ok := r.(Stopper); ok {
@@ -215,6 +224,20 @@ func (d *Deployment) SetTargets(targets []string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// TargetError is a target a deployment could not connect to, and why.
+type TargetError struct {
+	Target string `json:"target"`
+	Error  string `json:"error"`
+}
+
+// Unconnected returns the targets the last SetTargets could not connect
+// to (retried at the next), in the order they were given.
+func (d *Deployment) Unconnected() []TargetError {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.unconnected)
 }
 
 // SetGC broadcasts MethodSetGC with payload to every replica and returns

@@ -97,6 +97,9 @@ type Deployment struct {
 	// check begun before it cannot bring the replica back.
 	unreachableAt map[Replica]time.Time
 	targets       map[Replica]string // each replica's target, with Connect
+	// unconnected are the targets of the last SetTargets it could not
+	// connect to, with why.
+	unconnected []TargetError
 	// startFailures counts rounds of starts in a row that started none;
 	// at MaxConstructorRetryCount, gaveUp stops the attempts.
 	startFailures int

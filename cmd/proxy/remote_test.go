@@ -104,10 +104,14 @@ type applications struct {
 	Applications []struct {
 		Name        string `json:"name"`
 		Deployments []struct {
-			Name       string `json:"name"`
-			Status     string `json:"status"`
-			MaxOngoing int    `json:"max_ongoing_requests"`
-			Replicas   []struct {
+			Name        string `json:"name"`
+			Status      string `json:"status"`
+			MaxOngoing  int    `json:"max_ongoing_requests"`
+			Unconnected []struct {
+				Target string `json:"target"`
+				Error  string `json:"error"`
+			} `json:"unconnected_targets"`
+			Replicas []struct {
 				ID      string `json:"id"`
 				State   string `json:"state"`
 				Healthy bool   `json:"healthy"`
@@ -908,8 +912,14 @@ func TestReplicaHostDiscovery(t *testing.T) {
 	if !p.waitLogged("discovery: connecting to replicas failed", 5*time.Second) || !p.logged(late) {
 		t.Errorf("no error line naming the host in DNS that does not answer:\n%s", strings.Join(p.stderrLines(), "\n"))
 	}
+	if u := getApplications(t, c, p).Applications[0].Deployments[0].Unconnected; len(u) != 1 || u[0].Target != late || !strings.Contains(u[0].Error, "connection refused") {
+		t.Errorf("unconnected_targets = %+v, want %s refused", u, late)
+	}
 	startListening(t, replicaBin, append([]string{"-listen", late}, args...)...)
 	waitUntil(t, "the late host connected at a later resolution", func() bool { return routable(t, c, p) == 4 })
+	if u := getApplications(t, c, p).Applications[0].Deployments[0].Unconnected; len(u) != 0 {
+		t.Errorf("unconnected_targets once connected = %+v, want none", u)
+	}
 
 	z.set(port(late), port(hosts[1].addr))
 	waitUntil(t, "a host gone from DNS and one added", func() bool {
