@@ -96,11 +96,14 @@ type routeMetrics struct {
 	// forget deletes a replica's series from the deployment metrics.
 	forget func(replicaID string)
 
-	// pruneMu guards missing and pruneGrace.
+	// pruneMu guards missing, served and pruneGrace.
 	pruneMu sync.Mutex
 	// missing holds when a scrape first found each replica with series
 	// gone from the deployment.
 	missing map[string]time.Time
+	// served is each replica's request count at the last scrape that had
+	// it, exported for a gone replica until its series go.
+	served map[string]uint64
 	// pruneGrace is how long a gone replica's series stay.
 	pruneGrace time.Duration
 }
@@ -113,11 +116,13 @@ const replicaSeriesGrace = 2 * time.Minute
 // pruneReplicas deletes the series of replicas that have left the
 // deployment (replaced, scaled down, gone from DNS), so that churn does not
 // grow the metrics without bound, as a Serve replica's metrics leave with
-// its actor. live reports whether a replica is still a member. A replica's
-// series are deleted by the first scrape at least pruneGrace after one
-// found it gone. A request still finishing on it after that makes them
-// anew, and they go again.
-func (rm *routeMetrics) pruneReplicas(live func(replicaID string) bool, now time.Time) {
+// its actor. live reports whether a replica is still a member; served
+// holds the request counts the scrape read. A replica's series are deleted
+// by the first scrape at least pruneGrace after one found it gone. A
+// request still finishing on it after that makes them anew, and they go
+// again. It returns the last request counts of the replicas gone whose
+// series stay, for the scrape to export with them.
+func (rm *routeMetrics) pruneReplicas(live func(replicaID string) bool, served map[string]uint64, now time.Time) (goneServed map[string]uint64) {
 	rm.pruneMu.Lock()
 	defer rm.pruneMu.Unlock()
 	var gone []string
@@ -137,16 +142,31 @@ func (rm *routeMetrics) pruneReplicas(live func(replicaID string) bool, now time
 		}
 	}
 	rm.missing = next
-	if len(gone) == 0 {
-		return
+	if len(gone) > 0 {
+		// The series first, then the cache: a request in between records
+		// to an observer just deleted (one observation lost), rather than
+		// making a series that the delete would leave cached but
+		// unexported.
+		for _, id := range gone {
+			rm.forget(id)
+		}
+		rm.replicas.delete(gone)
 	}
-	// The series first, then the cache: a request in between records to
-	// an observer just deleted (one observation lost), rather than making
-	// a series that the delete would leave cached but unexported.
-	for _, id := range gone {
-		rm.forget(id)
+
+	// The request counts: the members' as read, the gone ones' as last
+	// read, while their series stay.
+	kept := make(map[string]uint64, len(served)+len(next))
+	goneServed = make(map[string]uint64, len(next))
+	for id, n := range served {
+		kept[id] = n
 	}
-	rm.replicas.delete(gone)
+	for id := range next {
+		if n, ok := rm.served[id]; ok {
+			kept[id], goneServed[id] = n, n
+		}
+	}
+	rm.served = kept
+	return goneServed
 }
 
 func (m *metrics) forRoute(route, app, deployment string) *routeMetrics {
@@ -330,10 +350,18 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		cancel()
 		if rm := d.replicaMetrics; rm != nil {
 			ids := make(map[string]bool, len(stats))
+			served := make(map[string]uint64, len(stats))
 			for _, s := range stats {
 				ids[s.ID] = true
+				if s.Error == "" {
+					served[s.ID] = s.Served
+				}
 			}
-			rm.pruneReplicas(func(id string) bool { return ids[id] }, time.Now())
+			// A gone replica's final count stays as long as its
+			// other series do.
+			for id, n := range rm.pruneReplicas(func(id string) bool { return ids[id] }, served, time.Now()) {
+				ch <- prometheus.MustNewConstMetric(replicaRequestsDesc, prometheus.CounterValue, float64(n), app, name, id, d.route)
+			}
 		}
 		for _, s := range stats {
 			healthy := 0.0

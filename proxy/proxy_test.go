@@ -735,9 +735,16 @@ func TestMetricsOfGoneReplicasPruned(t *testing.T) {
 	series := func(id string) string {
 		return `serve_deployment_processing_latency_ms_count{application="a",deployment="a-dep",replica="` + id + `",route="/a"}`
 	}
+	requests := func(id string) string {
+		return `serve_deployment_request_counter_total{application="a",deployment="a-dep",replica="` + id + `",route="/a"} `
+	}
 	for i := range 3 {
-		if _, m := get(t, tp.adminURL+"/metrics"); !strings.Contains(m, series(gone)) {
+		_, m := get(t, tp.adminURL+"/metrics")
+		if !strings.Contains(m, series(gone)) {
 			t.Fatalf("scrape %d within the grace lacks the gone replica's final counts", i)
+		}
+		if !strings.Contains(m, requests(gone)) || strings.Contains(m, requests(gone)+"0\n") {
+			t.Fatalf("scrape %d within the grace lacks the gone replica's final request count", i)
 		}
 	}
 	// Past the grace, the next scrapes delete them. Bounded: 50 scrapes.
@@ -749,7 +756,7 @@ func TestMetricsOfGoneReplicasPruned(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if strings.Contains(m, series(gone)) {
+	if strings.Contains(m, series(gone)) || strings.Contains(m, requests(gone)) {
 		t.Errorf("50 scrapes past the grace, the metrics still have the series of replica %s, which left", gone)
 	}
 	if !strings.Contains(m, series(kept)) {
