@@ -196,7 +196,8 @@ func (p *Proxy) SetDraining() { p.draining.Store(true) }
 
 // Ready reports whether the proxy should receive traffic: started, not
 // draining, and every deployment past its start (replica.Deployment
-// Settled: it has had a running replica, or gave up starting them).
+// Settled: it has had a running replica, gave up starting them, or
+// follows targets).
 func (p *Proxy) Ready() bool {
 	if !p.started.Load() || p.draining.Load() {
 		return false
