@@ -58,7 +58,9 @@ func newMetrics(reg prometheus.Registerer, deployments []*Deployment) (*metrics,
 		Help: "The number of HTTP requests the proxy is answering now.",
 	}, func() float64 { return float64(m.ongoing.Load()) })
 	for _, c := range []prometheus.Collector{
-		&histogramCount{h: m.latency, desc: requestsDesc}, m.errors, m.latency, ongoing, m.depErrors, m.depLatency, m.accessDropped,
+		&histogramCount{h: m.latency, desc: requestsDesc, labels: []string{"route", "method", "application", "status_code"}},
+		&histogramCount{h: m.depLatency, desc: replicaRequestsDesc, labels: []string{"application", "deployment", "replica", "route"}},
+		m.errors, m.latency, ongoing, m.depErrors, m.depLatency, m.accessDropped,
 		&stateCollector{deployments: deployments},
 	} {
 		if err := reg.Register(c); err != nil {
@@ -82,7 +84,7 @@ type httpObservers struct {
 }
 
 // replicaObservers are the resolved deployment metrics of one replica and
-// route. Its request count is the replica's own, read at scrape time.
+// route. Its request count is its latency histogram's (replicaRequestsDesc).
 type replicaObservers struct {
 	errors  prometheus.Counter
 	latency prometheus.Observer
@@ -96,14 +98,11 @@ type routeMetrics struct {
 	// forget deletes a replica's series from the deployment metrics.
 	forget func(replicaID string)
 
-	// pruneMu guards missing, served and pruneGrace.
+	// pruneMu guards missing and pruneGrace.
 	pruneMu sync.Mutex
 	// missing holds when a scrape first found each replica with series
 	// gone from the deployment.
 	missing map[string]time.Time
-	// served is each replica's request count at the last scrape that had
-	// it, exported for a gone replica until its series go.
-	served map[string]uint64
 	// pruneGrace is how long a gone replica's series stay.
 	pruneGrace time.Duration
 }
@@ -116,13 +115,11 @@ const replicaSeriesGrace = 2 * time.Minute
 // pruneReplicas deletes the series of replicas that have left the
 // deployment (replaced, scaled down, gone from DNS), so that churn does not
 // grow the metrics without bound, as a Serve replica's metrics leave with
-// its actor. live reports whether a replica is still a member; served
-// holds the request counts the scrape read. A replica's series are deleted
-// by the first scrape at least pruneGrace after one found it gone. A
-// request still finishing on it after that makes them anew, and they go
-// again. It returns the last request counts of the replicas gone whose
-// series stay, for the scrape to export with them.
-func (rm *routeMetrics) pruneReplicas(live func(replicaID string) bool, served map[string]uint64, now time.Time) (goneServed map[string]uint64) {
+// its actor. live reports whether a replica is still a member. A replica's
+// series are deleted by the first scrape at least pruneGrace after one
+// found it gone. A request still finishing on it after that makes them
+// anew, and they go again.
+func (rm *routeMetrics) pruneReplicas(live func(replicaID string) bool, now time.Time) {
 	rm.pruneMu.Lock()
 	defer rm.pruneMu.Unlock()
 	var gone []string
@@ -142,31 +139,16 @@ func (rm *routeMetrics) pruneReplicas(live func(replicaID string) bool, served m
 		}
 	}
 	rm.missing = next
-	if len(gone) > 0 {
-		// The series first, then the cache: a request in between records
-		// to an observer just deleted (one observation lost), rather than
-		// making a series that the delete would leave cached but
-		// unexported.
-		for _, id := range gone {
-			rm.forget(id)
-		}
-		rm.replicas.delete(gone)
+	if len(gone) == 0 {
+		return
 	}
-
-	// The request counts: the members' as read, the gone ones' as last
-	// read, while their series stay.
-	kept := make(map[string]uint64, len(served)+len(next))
-	goneServed = make(map[string]uint64, len(next))
-	for id, n := range served {
-		kept[id] = n
+	// The series first, then the cache: a request in between records to
+	// an observer just deleted (one observation lost), rather than making
+	// a series that the delete would leave cached but unexported.
+	for _, id := range gone {
+		rm.forget(id)
 	}
-	for id := range next {
-		if n, ok := rm.served[id]; ok {
-			kept[id], goneServed[id] = n, n
-		}
-	}
-	rm.served = kept
-	return goneServed
+	rm.replicas.delete(gone)
 }
 
 func (m *metrics) forRoute(route, app, deployment string) *routeMetrics {
@@ -270,11 +252,20 @@ var requestsDesc = prometheus.NewDesc("serve_num_http_requests_total",
 	"The number of HTTP requests processed.",
 	[]string{"route", "method", "application", "status_code"}, nil)
 
+// replicaRequestsDesc is serve_deployment_request_counter_total: the count
+// of serve_deployment_processing_latency_ms, so that it counts what this
+// proxy sent the replica and leaves with the histogram (pruneReplicas),
+// its final count included.
+var replicaRequestsDesc = prometheus.NewDesc("serve_deployment_request_counter_total",
+	"The number of requests processed by the replica.",
+	[]string{"application", "deployment", "replica", "route"}, nil)
+
 // histogramCount exports a histogram vector's sample counts as a counter
-// with the same labels.
+// with the same labels, given in desc's order.
 type histogramCount struct {
-	h    *prometheus.HistogramVec
-	desc *prometheus.Desc
+	h      *prometheus.HistogramVec
+	desc   *prometheus.Desc
+	labels []string
 }
 
 // Describe implements prometheus.Collector.
@@ -296,8 +287,11 @@ func (c *histogramCount) Collect(ch chan<- prometheus.Metric) {
 		for _, l := range d.Label {
 			byName[l.GetName()] = l.GetValue()
 		}
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(d.Histogram.GetSampleCount()),
-			byName["route"], byName["method"], byName["application"], byName["status_code"])
+		values := make([]string, len(c.labels))
+		for i, name := range c.labels {
+			values[i] = byName[name]
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(d.Histogram.GetSampleCount()), values...)
 	}
 }
 
@@ -317,9 +311,6 @@ var (
 	processingDesc = prometheus.NewDesc("serve_replica_processing_queries",
 		"The number of requests the replica is processing now.",
 		[]string{"application", "deployment", "replica"}, nil)
-	replicaRequestsDesc = prometheus.NewDesc("serve_deployment_request_counter_total",
-		"The number of requests processed by the replica.",
-		[]string{"application", "deployment", "replica", "route"}, nil)
 	peakDesc = prometheus.NewDesc("serve_replica_peak_processing_queries",
 		"The most requests the replica has processed at once since it started: never above its max_ongoing_requests.",
 		[]string{"application", "deployment", "replica"}, nil)
@@ -332,7 +323,6 @@ var (
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- queuedDesc
 	ch <- processingDesc
-	ch <- replicaRequestsDesc
 	ch <- peakDesc
 	ch <- healthyDesc
 }
@@ -350,18 +340,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		cancel()
 		if rm := d.replicaMetrics; rm != nil {
 			ids := make(map[string]bool, len(stats))
-			served := make(map[string]uint64, len(stats))
 			for _, s := range stats {
 				ids[s.ID] = true
-				if s.Error == "" {
-					served[s.ID] = s.Served
-				}
 			}
-			// A gone replica's final count stays as long as its
-			// other series do.
-			for id, n := range rm.pruneReplicas(func(id string) bool { return ids[id] }, served, time.Now()) {
-				ch <- prometheus.MustNewConstMetric(replicaRequestsDesc, prometheus.CounterValue, float64(n), app, name, id, d.route)
-			}
+			rm.pruneReplicas(func(id string) bool { return ids[id] }, time.Now())
 		}
 		for _, s := range stats {
 			healthy := 0.0
@@ -374,7 +356,6 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(processingDesc, prometheus.GaugeValue, float64(s.Ongoing), app, name, s.ID)
 			ch <- prometheus.MustNewConstMetric(peakDesc, prometheus.GaugeValue, float64(s.Peak), app, name, s.ID)
-			ch <- prometheus.MustNewConstMetric(replicaRequestsDesc, prometheus.CounterValue, float64(s.Served), app, name, s.ID, d.route)
 		}
 	}
 }
