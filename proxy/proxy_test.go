@@ -30,6 +30,8 @@ type testDeployment struct {
 	maxQueued   int
 	// healthPeriod is health_check_period_s; an hour if zero.
 	healthPeriod time.Duration
+	// grace is graceful_shutdown_timeout_s; 10 s if zero.
+	grace time.Duration
 	userConfig   string
 	// targets, if set, makes the deployment's replicas upstreams to them.
 	targets []string
@@ -83,6 +85,9 @@ func startProxyWith(t *testing.T, opts Options, so ServerOptions, deps ...testDe
 		if td.healthPeriod == 0 {
 			td.healthPeriod = time.Hour
 		}
+		if td.grace == 0 {
+			td.grace = 10 * time.Second
+		}
 		var userConfig json.RawMessage
 		if td.userConfig != "" {
 			userConfig = json.RawMessage(td.userConfig)
@@ -100,7 +105,7 @@ func startProxyWith(t *testing.T, opts Options, so ServerOptions, deps ...testDe
 			Connect: connect, Targets: td.targets,
 			NumReplicas: td.replicas, MaxOngoingRequests: td.maxOngoing,
 			HealthCheckPeriod: td.healthPeriod, HealthCheckTimeout: time.Second,
-			GracefulShutdownTimeout: 10 * time.Second,
+			GracefulShutdownTimeout: td.grace,
 		}, td.maxQueued, opts.Log)
 		if err != nil {
 			t.Fatal(err)
@@ -762,4 +767,35 @@ func TestMetricsOfGoneReplicasPruned(t *testing.T) {
 	if !strings.Contains(m, series(kept)) {
 		t.Errorf("the series of replica %s, still serving, went too", kept)
 	}
+}
+
+// TestShutdownWithAStuckRequest: a request stuck past the graceful
+// shutdown timeout has its connection cut, and Serve's error names the
+// deployment it is stuck on, not every deployment: the others still get a
+// drain of their own.
+func TestShutdownWithAStuckRequest(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	arrived := make(chan struct{}, 1)
+	tp := startProxy(t, Options{},
+		testDeployment{app: "stuck", prefix: "/stuck", grace: 200 * time.Millisecond, factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			arrived <- struct{}{}
+			<-release // ignores its context, as a hung handler does
+		})},
+		testDeployment{app: "fine", prefix: "/fine", grace: 200 * time.Millisecond, factory: static("fine")})
+	go func() {
+		resp, err := http.Get(tp.url + "/stuck")
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-arrived
+	err := tp.stop()
+	if err == nil || !strings.Contains(err.Error(), `"stuck"`) {
+		t.Fatalf("Serve after a stuck request = %v, want an error naming the stuck deployment", err)
+	}
+	if strings.Contains(err.Error(), `deployment "fine-dep"`) {
+		t.Fatalf("Serve's error blames a deployment with nothing in flight: %v", err)
+	}
+	tp.stop = func() error { return nil } // the error was the point
 }

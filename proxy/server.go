@@ -10,6 +10,11 @@ import (
 	"time"
 )
 
+// drainAfterCut bounds the replicas' drain at shutdown once the graceful
+// shutdown timeout is spent: the requests left were cut, and a replica
+// that does not finish its handlers by then is stuck.
+const drainAfterCut = 5 * time.Second
+
 // ServerOptions are the HTTP servers' settings.
 type ServerOptions struct {
 	// ReadHeaderTimeout bounds reading a request's headers (slowloris).
@@ -96,8 +101,17 @@ func (p *Proxy) Serve(ctx context.Context, public, admin net.Listener, so Server
 		so.OnDrained()
 	}
 	// Requests that used all of the grace period do not cost replica
-	// processes their SIGTERM: Stop gives those their own grace.
-	if err := p.Stop(sctx); err != nil {
+	// processes their SIGTERM: Stop gives those their own grace. Nor do
+	// they cost every replica its drain: once the period is spent (the
+	// stuck requests' connections cut above), the drains get a bound of
+	// their own, so that only a replica still stuck fails Stop.
+	stopCtx := sctx
+	if sctx.Err() != nil {
+		var cancelStop context.CancelFunc
+		stopCtx, cancelStop = context.WithTimeout(context.Background(), drainAfterCut)
+		defer cancelStop()
+	}
+	if err := p.Stop(stopCtx); err != nil {
 		errs = append(errs, err)
 	}
 	if adm != nil {
