@@ -31,8 +31,8 @@ type testDeployment struct {
 	// healthPeriod is health_check_period_s; an hour if zero.
 	healthPeriod time.Duration
 	// grace is graceful_shutdown_timeout_s; 10 s if zero.
-	grace time.Duration
-	userConfig   string
+	grace      time.Duration
+	userConfig string
 	// targets, if set, makes the deployment's replicas upstreams to them.
 	targets []string
 }
