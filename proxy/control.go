@@ -203,8 +203,13 @@ func (p *Proxy) putUserConfig(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusUnprocessableEntity // nothing changed
 		out.Error = err.Error()
 	}
-	p.opts.Log.Info().Str("application", d.App()).Str("deployment", d.Name()).Int("status", status).
-		Msg("user_config changed through the admin API")
+	if status == http.StatusOK {
+		p.opts.Log.Info().Str("application", d.App()).Str("deployment", d.Name()).Int("status", status).
+			Msg("user_config changed through the admin API")
+	} else {
+		p.opts.Log.Warn().Str("application", d.App()).Str("deployment", d.Name()).Int("status", status).Str("error", out.Error).
+			Msg("user_config change through the admin API refused; nothing changed")
+	}
 	writeJSON(w, status, out)
 }
 

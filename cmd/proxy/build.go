@@ -62,14 +62,18 @@ func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.
 				hostDep    atomic.Pointer[proxy.Deployment]
 				hostsBuilt func()
 			)
-			setTargets := discoveredTargets(func() *proxy.Deployment { return dep }, log.With().Str("application", a.Name).Str("deployment", d.Name).Logger())
+			// The kinds' own lines (a replica's output, a host's
+			// connection) name the application too: two applications
+			// may have deployments of one name.
+			alog := log.With().Str("application", a.Name).Logger()
+			setTargets := discoveredTargets(func() *proxy.Deployment { return dep }, alog.With().Str("deployment", d.Name).Logger())
 			switch d.Handler {
 			case config.HandlerUpstream:
-				disc, err = upstreamSpec(&spec, d, e, log, setTargets)
+				disc, err = upstreamSpec(&spec, d, e, alog, setTargets)
 			case config.HandlerCommand:
-				commandSpec(&spec, d, e, log)
+				commandSpec(&spec, d, e, alog)
 			case config.HandlerHost:
-				hostsBuilt, disc, err = hostSpec(&spec, d, e, log, &hostDep, setTargets)
+				hostsBuilt, disc, err = hostSpec(&spec, d, e, alog, &hostDep, setTargets)
 			default:
 				spec.Factory, err = reg.Lookup(d.Handler)
 			}
