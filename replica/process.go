@@ -9,7 +9,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -52,9 +54,15 @@ type Process struct {
 	exitErr error         // how it exited; read after done
 }
 
+// processVar matches $PORT, ${PORT}, $REPLICA_ID and ${REPLICA_ID} as
+// whole names ($PORTS is another variable).
+var processVar = regexp.MustCompile(`\$(\{PORT\}|PORT\b|\{REPLICA_ID\}|REPLICA_ID\b)`)
+
 // StartProcess starts o.Command with PORT (a free loopback port) and
-// REPLICA_ID=id in its environment. It does not wait for the server to
-// listen: health-check it for that.
+// REPLICA_ID=id in its environment, and $PORT, ${PORT}, $REPLICA_ID and
+// ${REPLICA_ID} in its arguments replaced by their values (no shell runs
+// to do it; any other $ is left as it is). It does not wait for the server
+// to listen: health-check it for that.
 func StartProcess(id string, o ProcessOptions) (*Process, error) {
 	if len(o.Command) == 0 || o.Command[0] == "" {
 		return nil, errors.New("command: no program given")
@@ -63,7 +71,16 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("command: finding a free port: %w", err)
 	}
-	cmd := exec.Command(o.Command[0], o.Command[1:]...)
+	args := make([]string, len(o.Command)-1)
+	for i, a := range o.Command[1:] {
+		args[i] = processVar.ReplaceAllStringFunc(a, func(v string) string {
+			if strings.Contains(v, "PORT") {
+				return strconv.Itoa(port)
+			}
+			return id
+		})
+	}
+	cmd := exec.Command(o.Command[0], args...)
 	cmd.Dir = o.Dir
 	cmd.Env = append(append(os.Environ(), o.Env...), "PORT="+strconv.Itoa(port), "REPLICA_ID="+id)
 	cmd.SysProcAttr = processAttr()

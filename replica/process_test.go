@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -178,4 +179,30 @@ func (l *processLog) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestProcessArgumentsExpanded: $PORT and $REPLICA_ID (bare or braced) in
+// a command's arguments are its port and id, without a shell; another
+// variable that begins the same is left alone.
+func TestProcessArgumentsExpanded(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "args")
+	p, err := StartProcess("dep#xyz", ProcessOptions{Command: []string{
+		"sh", "-c", `printf '%s|%s|%s|%s' "$1" "$2" "$3" "$4" > "$0"`, out, "$PORT", "${REPLICA_ID}", "127.0.0.1:${PORT}", "$PORTS",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the command did not exit")
+	}
+	b, err := os.ReadFile(out)
+	if err != nil || p.ExitError() != nil {
+		t.Fatalf("the command: %v, exit %v", err, p.ExitError())
+	}
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(p.URL(), "http://"))
+	if want := port + "|dep#xyz|127.0.0.1:" + port + "|$PORTS"; string(b) != want {
+		t.Fatalf("arguments = %q, want %q", b, want)
+	}
 }
