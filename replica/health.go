@@ -2,6 +2,8 @@ package replica
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"time"
 )
@@ -38,10 +40,13 @@ func (d *Deployment) CheckHealthNow() {
 
 // checkHealth runs one round of health checks: one broadcast of
 // MethodCheckHealth to the running replicas, bounded by
-// health_check_timeout_s. A replica that fails unhealthyAfter times in a
-// row is taken out of routing (topUp replaces it). A check that has not
-// answered by the deadline is a failure; one still running at the next
-// round fails at once (ErrCheckInFlight), as a hung check should.
+// health_check_timeout_s, which the next round waits for (as Serve's
+// checks do): a hung replica is out after unhealthyAfter timeouts. A
+// replica that fails unhealthyAfter times in a row is taken out of
+// routing (topUp replaces it). A check that has not answered by the
+// deadline is a failure; one still running at the next round (a handler
+// that ignores its context) fails at once (ErrCheckInFlight) rather than
+// being started again.
 func (d *Deployment) checkHealth(ctx context.Context) {
 	d.mu.Lock()
 	var targets []Replica
@@ -63,7 +68,11 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 		return // stopping: a cancelled check is no verdict
 	}
 	for i, r := range results {
-		d.recordHealth(targets[i], r.Err, started)
+		err := r.Err
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("no answer within health_check_timeout_s (%v): %w", d.spec.HealthCheckTimeout, err)
+		}
+		d.recordHealth(targets[i], err, started)
 	}
 }
 
