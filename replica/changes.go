@@ -102,14 +102,20 @@ func (d *Deployment) Scale(ctx context.Context, n int) error {
 	from := len(d.replicas)
 	d.spec.NumReplicas = n
 	d.gaveUp, d.startFailures = false, 0
+	var retired []string
 	if len(d.replicas) > n {
 		// The newest go first: the oldest have warm caches.
 		for _, r := range slices.Clone(d.replicas[n:]) {
+			retired = append(retired, r.ID())
 			d.retireLocked(r)
 		}
 	}
 	d.mu.Unlock()
-	d.log().Info().Int("from", from).Int("to", n).Msg("num_replicas changed")
+	ev := d.log().Info().Int("from", from).Int("to", n)
+	if len(retired) > 0 {
+		ev = ev.Strs("draining", retired)
+	}
+	ev.Msg("num_replicas changed")
 	err := d.topUpHeld(ctx)
 	d.kick() // the starter finishes what ctx cut short
 	return err
