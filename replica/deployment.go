@@ -283,6 +283,9 @@ type ReplicaStatus struct {
 	Healthy bool `json:"healthy"`
 	// Error is set when the replica did not answer its stats call.
 	Error string `json:"error,omitempty"`
+	// Target is what the replica was connected to (an upstream's URL, a
+	// replica host's address), for a deployment that follows targets.
+	Target string `json:"target,omitempty"`
 }
 
 // Stats broadcasts MethodStats to every replica, the draining ones
@@ -293,6 +296,10 @@ func (d *Deployment) Stats(ctx context.Context) []ReplicaStatus {
 	healthy := make(map[string]bool, len(d.replicas))
 	for _, r := range d.replicas {
 		healthy[r.ID()] = r.State() == StateRunning && d.failures[r] < 1 && !d.excluded[r]
+	}
+	target := make(map[string]string, len(d.targets))
+	for r, t := range d.targets {
+		target[r.ID()] = t
 	}
 	d.mu.Unlock()
 	results := pool.Broadcast(ctx, Call{Method: MethodStats})
@@ -308,6 +315,7 @@ func (d *Deployment) Stats(ctx context.Context) []ReplicaStatus {
 		// Health is the controller's view: a stats call that failed (a
 		// stalled host, a deadline) is no health verdict.
 		s.Healthy = healthy[s.ID] && (r.Err != nil || s.State == StateRunning)
+		s.Target = target[s.ID]
 		out[i] = s
 	}
 	return out

@@ -113,6 +113,7 @@ type applications struct {
 			} `json:"unconnected_targets"`
 			Replicas []struct {
 				ID      string `json:"id"`
+				Target  string `json:"target"`
 				State   string `json:"state"`
 				Healthy bool   `json:"healthy"`
 			} `json:"replicas"`
@@ -454,6 +455,11 @@ func TestDiscoveryFollowsDNS(t *testing.T) {
 	replicas := func() int { return len(getApplications(t, c, p).Applications[0].Deployments[0].Replicas) }
 	if n := routable(t, c, p); n != 2 {
 		t.Fatalf("%d replicas from the first answer, want 2", n)
+	}
+	for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
+		if rep.Target != "http://"+his[0].addr && rep.Target != "http://"+his[1].addr {
+			t.Errorf("replica %s: target %q, want one of the upstreams in DNS", rep.ID, rep.Target)
+		}
 	}
 	z.set(port(his[0]), port(his[1]), port(his[2]))
 	waitUntil(t, "a third replica from DNS", func() bool { return routable(t, c, p) == 3 })
