@@ -13,6 +13,7 @@ import (
 
 	"github.com/serveproxy/serveproxy/config"
 	"github.com/serveproxy/serveproxy/gctune"
+	"github.com/serveproxy/serveproxy/replica"
 )
 
 // maxAdminBody bounds the body of an admin call.
@@ -59,7 +60,7 @@ func decodeJSON(r *http.Request, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("invalid JSON: %w", err)
+		return fmt.Errorf("invalid JSON: %w", replica.PlainJSONError(err))
 	}
 	if err := dec.Decode(&struct{}{}); err != io.EOF {
 		return errors.New("invalid JSON: more than one value")

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"sync/atomic"
 	"time"
 )
@@ -21,7 +22,7 @@ func decodeUserConfig(kind string, raw json.RawMessage, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%s: user_config: %w", kind, err)
+		return fmt.Errorf("%s: user_config: %w", kind, PlainJSONError(err))
 	}
 	return nil
 }
@@ -178,4 +179,36 @@ func (s *Sleep) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	_, _ = io.WriteString(w, cfg.Body)
+}
+
+// PlainJSONError rewrites encoding/json's type errors for the people who
+// wrote the JSON, without Go's type names: "ms: want a number, got a
+// string" rather than "cannot unmarshal string into Go struct field
+// sleepConfig.ms of type int". Other errors are returned as they are.
+func PlainJSONError(err error) error {
+	var te *json.UnmarshalTypeError
+	if !errors.As(err, &te) || te.Type == nil {
+		return err
+	}
+	want := te.Type.String()
+	switch te.Type.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		want = "an integer"
+	case reflect.Float32, reflect.Float64:
+		want = "a number"
+	case reflect.String:
+		want = "a string"
+	case reflect.Bool:
+		want = "true or false"
+	case reflect.Slice, reflect.Array:
+		want = "an array"
+	case reflect.Struct, reflect.Map:
+		want = "an object"
+	}
+	field := te.Field
+	if field == "" {
+		field = "the value"
+	}
+	return fmt.Errorf("%s: want %s, got a JSON %s", field, want, te.Value)
 }

@@ -258,3 +258,22 @@ func BenchmarkLocalAcquireRelease(b *testing.B) {
 		rel()
 	}
 }
+
+// TestPlainJSONError: a user_config or admin body of the wrong type is
+// told in JSON's words, naming the field, not Go's types.
+func TestPlainJSONError(t *testing.T) {
+	_, err := NewSleep(json.RawMessage(`{"ms": "fast"}`))
+	if err == nil || !strings.Contains(err.Error(), "ms: want a number, got a JSON string") || strings.Contains(err.Error(), "sleepConfig") {
+		t.Fatalf("sleep with ms a string: %v", err)
+	}
+	var v struct {
+		N []int `json:"n"`
+	}
+	err = PlainJSONError(json.Unmarshal([]byte(`{"n": {}}`), &v))
+	if err == nil || err.Error() != "n: want an array, got a JSON object" {
+		t.Fatalf("an object for an array: %v", err)
+	}
+	if e := errors.New("other"); PlainJSONError(e) != e {
+		t.Fatal("another error was rewritten")
+	}
+}
