@@ -135,8 +135,8 @@ type Deployment struct {
 
 	// Command is the program and arguments of handler "command": the
 	// proxy starts NumReplicas of them, each with PORT and REPLICA_ID in
-	// its environment (and $PORT, $REPLICA_ID in the arguments replaced by
-	// them), and forwards requests to 127.0.0.1:PORT.
+	// its environment (and $(PORT), $(REPLICA_ID) in the arguments
+	// replaced by them), and forwards requests to 127.0.0.1:PORT.
 	Command []string `yaml:"command"`
 	// Env is added to the environment of handler "command", KEY=VALUE each.
 	Env []string `yaml:"env"`

@@ -54,15 +54,17 @@ type Process struct {
 	exitErr error         // how it exited; read after done
 }
 
-// processVar matches $PORT, ${PORT}, $REPLICA_ID and ${REPLICA_ID} as
-// whole names ($PORTS is another variable).
-var processVar = regexp.MustCompile(`\$(\{PORT\}|PORT\b|\{REPLICA_ID\}|REPLICA_ID\b)`)
+// processVar matches $(PORT) and $(REPLICA_ID) in a command's arguments,
+// and their escapes $$(PORT) and $$(REPLICA_ID), as Kubernetes expands a
+// container's args: a shell's own $PORT (in an sh -c script, say) is left
+// for the shell.
+var processVar = regexp.MustCompile(`\$?\$\((PORT|REPLICA_ID)\)`)
 
 // StartProcess starts o.Command with PORT (a free loopback port) and
-// REPLICA_ID=id in its environment, and $PORT, ${PORT}, $REPLICA_ID and
-// ${REPLICA_ID} in its arguments replaced by their values (no shell runs
-// to do it; any other $ is left as it is). It does not wait for the server
-// to listen: health-check it for that.
+// REPLICA_ID=id in its environment, and $(PORT) and $(REPLICA_ID) in its
+// arguments replaced by their values ($$(PORT) is a literal $(PORT); no
+// shell runs, and any other $ is left as it is). It does not wait for the
+// server to listen: health-check it for that.
 func StartProcess(id string, o ProcessOptions) (*Process, error) {
 	if len(o.Command) == 0 || o.Command[0] == "" {
 		return nil, errors.New("command: no program given")
@@ -74,10 +76,14 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 	args := make([]string, len(o.Command)-1)
 	for i, a := range o.Command[1:] {
 		args[i] = processVar.ReplaceAllStringFunc(a, func(v string) string {
-			if strings.Contains(v, "PORT") {
+			switch {
+			case strings.HasPrefix(v, "$$"):
+				return v[1:] // escaped
+			case v == "$(PORT)":
 				return strconv.Itoa(port)
+			default:
+				return id
 			}
-			return id
 		})
 	}
 	cmd := exec.Command(o.Command[0], args...)

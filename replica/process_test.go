@@ -181,13 +181,14 @@ func (l *processLog) String() string {
 	return l.b.String()
 }
 
-// TestProcessArgumentsExpanded: $PORT and $REPLICA_ID (bare or braced) in
-// a command's arguments are its port and id, without a shell; another
-// variable that begins the same is left alone.
+// TestProcessArgumentsExpanded: $(PORT) and $(REPLICA_ID) in a command's
+// arguments are its port and id, without a shell, as Kubernetes expands a
+// container's args; $$(PORT) is a literal $(PORT), and a shell's own $PORT
+// is left for the shell.
 func TestProcessArgumentsExpanded(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "args")
 	p, err := StartProcess("dep#xyz", ProcessOptions{Command: []string{
-		"sh", "-c", `printf '%s|%s|%s|%s' "$1" "$2" "$3" "$4" > "$0"`, out, "$PORT", "${REPLICA_ID}", "127.0.0.1:${PORT}", "$PORTS",
+		"sh", "-c", `printf '%s|%s|%s|%s|%s|%s' "$1" "$2" "$3" "$4" "$5" "$PORT" > "$0"`, out, "$(PORT)", "$(REPLICA_ID)", "127.0.0.1:$(PORT)", "$$(PORT)", "$PORT",
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -202,7 +203,7 @@ func TestProcessArgumentsExpanded(t *testing.T) {
 		t.Fatalf("the command: %v, exit %v", err, p.ExitError())
 	}
 	_, port, _ := net.SplitHostPort(strings.TrimPrefix(p.URL(), "http://"))
-	if want := port + "|dep#xyz|127.0.0.1:" + port + "|$PORTS"; string(b) != want {
+	if want := port + "|dep#xyz|127.0.0.1:" + port + "|$(PORT)|$PORT|" + port; string(b) != want {
 		t.Fatalf("arguments = %q, want %q", b, want)
 	}
 }

@@ -1047,3 +1047,34 @@ func TestReplicaTimeout504(t *testing.T) {
 		t.Fatalf("the 504 took %v", took)
 	}
 }
+
+// TestCommandPortArgument: $(PORT) in a command's arguments is the
+// replica's port, with no shell; a $PORT given to a program that is not a
+// shell is warned of at start, as it is passed as it is.
+func TestCommandPortArgument(t *testing.T) {
+	path := writeConfig(t, `applications:
+  - name: direct
+    route_prefix: /
+    deployments:
+      - name: direct
+        handler: command
+        command: [`+hiBin+`, -listen, "127.0.0.1:$(PORT)"]
+        health_check_path: /
+  - name: literal
+    route_prefix: /literal
+    deployments:
+      - name: literal
+        handler: command
+        command: [`+hiBin+`, -listen, "127.0.0.1:$PORT"]
+        health_check_path: /
+        max_constructor_retry_count: 1
+`)
+	p := startProxyUnhealthy(t, path)
+	if !p.waitLogged("write $(PORT) for the replica's port", 20*time.Second) {
+		t.Errorf("no warning for $PORT given to a program that is not a shell:\n%s", strings.Join(p.stderrLines(), "\n"))
+	}
+	p.waitHealthy(time.After(startTimeout)) // once literal gives up
+	if r := get(t, newClient(t, 1), "http://"+p.HTTPAddr+"/"); r.status != 200 || r.body != "hi" {
+		t.Fatalf("the replica started with $(PORT): %d %q", r.status, r.body)
+	}
+}
