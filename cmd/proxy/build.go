@@ -210,7 +210,7 @@ func upstreamSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.En
 
 // commandSpec makes spec start d's command for each replica.
 func commandSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger) {
-	if prog := filepath.Base(d.Command[0]); !slices.Contains([]string{"sh", "bash", "dash", "zsh", "ksh", "env"}, prog) {
+	if prog := filepath.Base(d.Command[0]); !slices.Contains([]string{"sh", "bash", "dash", "zsh", "ksh"}, prog) {
 		for _, a := range d.Command[1:] {
 			if strings.Contains(a, "$PORT") || strings.Contains(a, "${PORT}") {
 				log.Warn().Str("deployment", d.Name).Str("argument", a).
