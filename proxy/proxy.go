@@ -97,6 +97,10 @@ type Proxy struct {
 	access      *AccessLogger // nil without an access log
 	draining    atomic.Bool
 	started     atomic.Bool
+	// cut is set when the graceful shutdown timeout has passed and the
+	// connections still serving are being closed: a request that ends
+	// for it failed at the proxy (503), its client did not leave (499).
+	cut atomic.Bool
 }
 
 // routeState is what the request path needs about a route beyond the

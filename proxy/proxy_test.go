@@ -799,3 +799,55 @@ func TestShutdownWithAStuckRequest(t *testing.T) {
 	}
 	tp.stop = func() error { return nil } // the error was the point
 }
+
+// A request still running when the graceful shutdown timeout ends is cut by
+// the proxy: it is recorded as the proxy's failure (503), not as a client
+// that left (499), and recorded before the access log closes.
+func TestShutdownCutIs503(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	tp := startProxy(t, Options{},
+		testDeployment{app: "slow", prefix: "/", grace: 200 * time.Millisecond, factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			arrived <- struct{}{}
+			<-r.Context().Done() // ends only when its connection is cut
+		})})
+	clientErr := make(chan error, 1)
+	go func() {
+		resp, err := http.Get(tp.url + "/")
+		if err == nil {
+			resp.Body.Close()
+		}
+		clientErr <- err
+	}()
+	<-arrived
+	if err := tp.stop(); err == nil || !strings.Contains(err.Error(), "graceful shutdown") {
+		t.Fatalf("Serve after a request outlived the grace period = %v, want a graceful shutdown error", err)
+	}
+	tp.stop = func() error { return nil }
+	if err := <-clientErr; err == nil {
+		t.Fatal("the cut request got an answer")
+	}
+	log := tp.access.String()
+	if !strings.Contains(log, `"status":503`) || strings.Contains(log, `"status":499`) {
+		t.Fatalf("access log after the cut, want status 503 and no 499:\n%s", log)
+	}
+	mfs, err := tp.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, mf := range mfs {
+		if mf.GetName() != "serve_num_http_error_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "error_code" && l.GetValue() == "503" && m.GetCounter().GetValue() == 1 {
+					found = true
+				}
+			}
+		}
+	}
+	if !found {
+		t.Fatal("serve_num_http_error_requests_total has no error_code=503 for the cut request")
+	}
+}

@@ -78,6 +78,9 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	defer putStatusWriter(sw)
 	res := p.route(sw, r, start)
 	res.end = time.Now()
+	if res.status == StatusClientClosedRequest && p.cut.Load() {
+		res.status = http.StatusServiceUnavailable // see Proxy.cut
+	}
 	p.record(r, id, start, &res)
 	if res.abort {
 		panic(http.ErrAbortHandler)

@@ -94,7 +94,9 @@ func (p *Proxy) Serve(ctx context.Context, public, admin net.Listener, so Server
 	defer cancel()
 	var errs []error
 	if err := pub.Shutdown(sctx); err != nil {
-		p.opts.Log.Warn().Err(err).Msg("requests still running at the graceful shutdown timeout; closing their connections")
+		p.opts.Log.Warn().Err(err).Int64("requests", p.metrics.ongoing.Load()).
+			Msg("requests still running at the graceful shutdown timeout; closing their connections (recorded as 503)")
+		p.cut.Store(true)
 		errs = append(errs, fmt.Errorf("graceful shutdown: %w", err), pub.Close())
 	}
 	if so.OnDrained != nil {
@@ -114,6 +116,12 @@ func (p *Proxy) Serve(ctx context.Context, public, admin net.Listener, so Server
 	if err := p.Stop(stopCtx); err != nil {
 		errs = append(errs, err)
 	}
+	if sctx.Err() != nil {
+		// The replicas' slots are free before the cut requests are
+		// recorded: give those their metrics and access-log lines before
+		// the log closes.
+		p.awaitRequests(stopCtx)
+	}
 	if adm != nil {
 		actx, acancel := context.WithTimeout(context.Background(), time.Second)
 		defer acancel()
@@ -127,6 +135,19 @@ func (p *Proxy) Serve(ctx context.Context, public, admin net.Listener, so Server
 	p.opts.Log.Info().Msg("stopped")
 	errs = append(errs, p.Close())
 	return errors.Join(errs...)
+}
+
+// awaitRequests waits until no request is in the handler, or ctx is done.
+func (p *Proxy) awaitRequests(ctx context.Context) {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for p.metrics.ongoing.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func addrOf(l net.Listener) string {
