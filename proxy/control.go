@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -22,9 +23,11 @@ const controlTimeout = 30 * time.Second
 
 // The deployment statuses of GET /-/applications, as Serve names them.
 const (
-	statusHealthy   = "HEALTHY"   // every wanted replica runs and is healthy
-	statusUpdating  = "UPDATING"  // some healthy, fewer than num_replicas
-	statusUnhealthy = "UNHEALTHY" // none healthy
+	statusHealthy  = "HEALTHY"  // every wanted replica runs and is healthy
+	statusUpdating = "UPDATING" // fewer than num_replicas run, none failing
+	// statusUnhealthy: none healthy, or one in routing fails its health
+	// checks (Serve keeps a deployment UNHEALTHY until it recovers).
+	statusUnhealthy = "UNHEALTHY"
 )
 
 // applicationsStatus is GET /-/applications's answer.
@@ -33,15 +36,20 @@ type applicationsStatus struct {
 }
 
 type applicationStatus struct {
-	Name        string             `json:"name"`
-	RoutePrefix string             `json:"route_prefix"`
-	Status      string             `json:"status"` // RUNNING, DEPLOYING or UNHEALTHY
+	Name        string `json:"name"`
+	RoutePrefix string `json:"route_prefix"`
+	Status      string `json:"status"` // RUNNING, DEPLOYING or UNHEALTHY
+	// Message says why the status is not RUNNING: its first deployment's
+	// that is not HEALTHY.
+	Message     string             `json:"message,omitempty"`
 	Deployments []deploymentStatus `json:"deployments"`
 }
 
 type deploymentStatus struct {
-	Name        string `json:"name"`
-	Status      string `json:"status"`
+	Name   string `json:"name"`
+	Status string `json:"status"`
+	// Message says why the status is not HEALTHY, as Serve's does.
+	Message     string `json:"message,omitempty"`
 	NumReplicas int    `json:"num_replicas"`
 	// MaxOngoingRequests is absent if its replicas' limits differ.
 	MaxOngoingRequests int                     `json:"max_ongoing_requests,omitempty"`
@@ -58,22 +66,11 @@ type deploymentStatus struct {
 func deploymentStatusOf(ctx context.Context, d *Deployment) deploymentStatus {
 	spec := d.Spec()
 	replicas := d.Stats(ctx)
-	healthy := 0
-	for _, r := range replicas {
-		if r.Healthy {
-			healthy++
-		}
-	}
-	status := statusUpdating
-	switch {
-	case healthy == 0:
-		status = statusUnhealthy
-	case healthy >= spec.NumReplicas:
-		status = statusHealthy
-	}
+	status, message := deploymentHealth(replicas, spec.NumReplicas)
 	return deploymentStatus{
 		Name:               spec.Name,
 		Status:             status,
+		Message:            message,
 		NumReplicas:        spec.NumReplicas,
 		MaxOngoingRequests: maxOngoingOf(d, spec.MaxOngoingRequests),
 		MaxQueuedRequests:  d.maxQueued,
@@ -82,6 +79,32 @@ func deploymentStatusOf(ctx context.Context, d *Deployment) deploymentStatus {
 		Replicas:           replicas,
 		Unconnected:        d.Unconnected(),
 	}
+}
+
+// deploymentHealth is a deployment's status and, unless HEALTHY, why,
+// from its replicas' stats (the draining ones included) and the number
+// it wants.
+func deploymentHealth(replicas []replica.ReplicaStatus, want int) (status, message string) {
+	healthy := 0
+	var failing []string // in routing, and failing health checks
+	for _, r := range replicas {
+		switch {
+		case r.Healthy:
+			healthy++
+		case r.State == replica.StateRunning:
+			failing = append(failing, r.ID)
+		}
+	}
+	switch {
+	case healthy == 0:
+		return statusUnhealthy, fmt.Sprintf("no replica is healthy (%d wanted): requests get 503", want)
+	case len(failing) > 0:
+		return statusUnhealthy, fmt.Sprintf("%d of %d replicas failing health checks (%s): the deployment is UNHEALTHY until they recover",
+			len(failing), healthy+len(failing), strings.Join(failing, ", "))
+	case healthy < want:
+		return statusUpdating, fmt.Sprintf("%d of %d replicas running", healthy, want)
+	}
+	return statusHealthy, ""
 }
 
 // maxOngoingOf is the max_ongoing_requests d's replicas share: spec's,
@@ -113,10 +136,12 @@ func (p *Proxy) getApplications(w http.ResponseWriter, r *http.Request) {
 		for _, d := range app.Deployments {
 			ds := deploymentStatusOf(ctx, d)
 			switch {
-			case ds.Status == statusUnhealthy:
+			case ds.Status == statusUnhealthy && as.Status != "UNHEALTHY":
 				as.Status = "UNHEALTHY"
+				as.Message = fmt.Sprintf("deployment %q: %s", ds.Name, ds.Message)
 			case ds.Status == statusUpdating && as.Status == "RUNNING":
 				as.Status = "DEPLOYING"
+				as.Message = fmt.Sprintf("deployment %q: %s", ds.Name, ds.Message)
 			}
 			as.Deployments = append(as.Deployments, ds)
 		}

@@ -394,3 +394,41 @@ func TestUpstreamDeploymentControl(t *testing.T) {
 		t.Fatalf("PUT user_config on upstreams = %d %s, want 422", code, body)
 	}
 }
+
+func TestDeploymentHealth(t *testing.T) {
+	rs := func(states ...string) []replica.ReplicaStatus {
+		var out []replica.ReplicaStatus
+		for i, st := range states {
+			r := replica.ReplicaStatus{Stats: replica.Stats{ID: fmt.Sprintf("r%d", i)}}
+			switch st {
+			case "ok":
+				r.State, r.Healthy = replica.StateRunning, true
+			case "failing":
+				r.State = replica.StateRunning
+			case "draining":
+				r.State = replica.StateDraining
+			}
+			out = append(out, r)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name     string
+		replicas []replica.ReplicaStatus
+		want     int
+		status   string
+		message  string
+	}{
+		{"all healthy", rs("ok", "ok"), 2, statusHealthy, ""},
+		{"draining extra after a scale down", rs("ok", "ok", "draining"), 2, statusHealthy, ""},
+		{"scaling up", rs("ok"), 2, statusUpdating, "1 of 2 replicas running"},
+		{"one failing", rs("ok", "failing", "ok"), 3, statusUnhealthy, "1 of 3 replicas failing health checks (r1)"},
+		{"none healthy", rs("failing", "draining"), 2, statusUnhealthy, "no replica is healthy (2 wanted)"},
+		{"no replica at all", nil, 0, statusUnhealthy, "no replica is healthy (0 wanted)"},
+	} {
+		status, message := deploymentHealth(tc.replicas, tc.want)
+		if status != tc.status || !strings.Contains(message, tc.message) || (tc.message == "") != (message == "") {
+			t.Errorf("%s: %s %q, want %s %q", tc.name, status, message, tc.status, tc.message)
+		}
+	}
+}

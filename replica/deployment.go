@@ -297,6 +297,10 @@ func (d *Deployment) Stats(ctx context.Context) []ReplicaStatus {
 	for _, r := range d.replicas {
 		healthy[r.ID()] = r.State() == StateRunning && d.failures[r] < 1 && !d.excluded[r]
 	}
+	state := make(map[string]State, len(d.replicas)+len(d.retired))
+	for _, r := range slices.Concat(d.replicas, d.retired) {
+		state[r.ID()] = r.State()
+	}
 	target := make(map[string]string, len(d.targets))
 	for r, t := range d.targets {
 		target[r.ID()] = t
@@ -311,6 +315,7 @@ func (d *Deployment) Stats(ctx context.Context) []ReplicaStatus {
 		}
 		if r.Err != nil {
 			s.Error = r.Err.Error()
+			s.State = state[s.ID] // the controller's view, not STARTING
 		}
 		// Health is the controller's view: a stats call that failed (a
 		// stalled host, a deadline) is no health verdict.

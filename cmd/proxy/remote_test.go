@@ -103,9 +103,12 @@ func startListeningEnv(t *testing.T, vars map[string]string, bin string, args ..
 type applications struct {
 	Applications []struct {
 		Name        string `json:"name"`
+		Status      string `json:"status"`
+		Message     string `json:"message"`
 		Deployments []struct {
 			Name        string `json:"name"`
 			Status      string `json:"status"`
+			Message     string `json:"message"`
 			MaxOngoing  int    `json:"max_ongoing_requests"`
 			Unconnected []struct {
 				Target string `json:"target"`
@@ -207,13 +210,20 @@ func TestUpstreamKillMinus9(t *testing.T) {
 	killUnderLoad(t, c, p, "1 of 3 upstream replicas", func() { _ = his[1].cmd.Process.Signal(syscall.SIGKILL) })
 	// Taken out at once (refused connections), and unhealthy in the metrics.
 	var killed string
-	for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
+	apps := getApplications(t, c, p)
+	for _, rep := range apps.Applications[0].Deployments[0].Replicas {
 		if !rep.Healthy {
 			killed = rep.ID
 		}
 	}
 	if killed == "" {
 		t.Fatal("no replica is unhealthy after a kill -9")
+	}
+	// As Serve: UNHEALTHY while a replica fails, saying which.
+	if app, dep := apps.Applications[0], apps.Applications[0].Deployments[0]; app.Status != "UNHEALTHY" || dep.Status != "UNHEALTHY" ||
+		!strings.Contains(dep.Message, killed) || !strings.Contains(app.Message, killed) {
+		t.Errorf("after a kill -9: application %s (%q), deployment %s (%q); want UNHEALTHY naming %s",
+			app.Status, app.Message, dep.Status, dep.Message, killed)
 	}
 	if m := get(t, c, "http://"+p.AdminAddr+"/metrics").body; !strings.Contains(m, fmt.Sprintf(`serve_deployment_replica_healthy{application="hi",deployment="hi",replica=%q} 0`, killed)) {
 		t.Errorf("metrics do not show %s unhealthy", killed)
