@@ -432,3 +432,30 @@ func TestDeploymentHealth(t *testing.T) {
 		}
 	}
 }
+
+func TestReloadEndpoint(t *testing.T) {
+	var calls atomic.Int32
+	tp := startProxy(t, Options{AdminToken: "s3cret", Reload: func(context.Context) ReloadResult {
+		calls.Add(1)
+		return ReloadResult{Config: "serve.yaml", Status: http.StatusConflict, Applied: []string{}, Problems: []string{"serve.yaml:3: applications[0].route_prefix: changed"}}
+	}}, testDeployment{app: "a", prefix: "/", factory: static("hi")})
+	post := func(token string) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, tp.adminURL+"/-/reload", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := post(""); code != http.StatusUnauthorized || calls.Load() != 0 {
+		t.Errorf("POST /-/reload without the token = %d %s (%d reloads), want 401 and none", code, body, calls.Load())
+	}
+	if code, body := post("s3cret"); code != http.StatusConflict || !strings.Contains(body, "route_prefix: changed") || strings.Contains(body, `"status"`) {
+		t.Errorf("POST /-/reload = %d %s, want the result's 409 and its problems", code, body)
+	}
+}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
@@ -48,6 +49,9 @@ func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 	r.Get("/-/applications", p.getApplications)
 	r.With(p.requireToken).Put("/-/applications/{app}/deployments/{deployment}/user_config", p.putUserConfig)
 	r.With(p.requireToken).Put("/-/applications/{app}/deployments/{deployment}/num_replicas", p.putNumReplicas)
+	if p.opts.Reload != nil {
+		r.With(p.requireToken).Post("/-/reload", p.reload)
+	}
 	if p.opts.GC != nil {
 		r.Get("/-/gc", p.getGC)
 		r.With(p.requireToken).Put("/-/gc", p.putGC)
@@ -59,6 +63,14 @@ func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 	r.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	r.Handle("/debug/pprof/{profile}", http.HandlerFunc(pprof.Index))
 	return r
+}
+
+// reload applies the config file again (Options.Reload). The caller
+// leaving does not cut it short: a reload half done is worse than one
+// finished for nobody.
+func (p *Proxy) reload(w http.ResponseWriter, r *http.Request) {
+	res := p.opts.Reload(context.WithoutCancel(r.Context()))
+	writeJSON(w, res.Status, res)
 }
 
 // promLogger sends the metrics handler's errors to the proxy's log.

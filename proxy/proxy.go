@@ -83,6 +83,28 @@ type Options struct {
 	// Registerer takes the proxy's metrics. If nil, they are registered on
 	// a new registry of the proxy's own, returned by Registry.
 	Registerer prometheus.Registerer
+	// Reload, if not nil, is POST /-/reload on the admin handler (a
+	// mutating call): it applies the config file again and says what it
+	// did.
+	Reload func(context.Context) ReloadResult
+}
+
+// ReloadResult is what applying the config file again did.
+type ReloadResult struct {
+	// Config is the file read.
+	Config string `json:"config"`
+	// Status is the admin call's HTTP status: 200 when every change was
+	// made (or there was none), 400 when the file has problems, 409 when
+	// it changes what takes a restart (nothing changed for either), 500
+	// when a change was tried and failed.
+	Status int `json:"-"`
+	// Applied lists the changes made, one line each.
+	Applied []string `json:"applied"`
+	// Problems lists the file's problems, or the changes that take a
+	// restart, one line each naming the field.
+	Problems []string `json:"problems,omitempty"`
+	// Failed lists the changes that were tried and failed, with why.
+	Failed []string `json:"failed,omitempty"`
 }
 
 // Proxy routes HTTP requests to applications' replicas.

@@ -114,7 +114,7 @@ func run(args []string, env map[string]string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := serve(ctx, stop, cfg, e, reg, gc, log, stderr); err != nil {
+	if err := serve(ctx, stop, path, cfg, e, reg, gc, log, stderr); err != nil {
 		log.Error().Err(err).Msg("proxy failed")
 		return exitFailed
 	}

@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"os/signal"
 	"strconv"
 	"sync"
+	"syscall"
 
 	"github.com/rs/zerolog"
 
@@ -20,8 +23,9 @@ func httpAddr(cfg *config.Config) string {
 	return net.JoinHostPort(cfg.HTTPOptions.Host, strconv.Itoa(cfg.HTTPOptions.Port))
 }
 
-// serve runs the proxy until ctx is done.
-func serve(ctx context.Context, stopSignals func(), cfg *config.Config, e config.Env, reg *replica.Registry, gc *gctune.Tuner, log zerolog.Logger, stderr io.Writer) error {
+// serve runs the proxy until ctx is done. path is the config file, "" for
+// the built-in app.
+func serve(ctx context.Context, stopSignals func(), path string, cfg *config.Config, e config.Env, reg *replica.Registry, gc *gctune.Tuner, log zerolog.Logger, stderr io.Writer) error {
 	apps, discoveries, err := build(cfg, e, reg, log)
 	if err != nil {
 		return err
@@ -38,6 +42,7 @@ func serve(ctx context.Context, stopSignals func(), cfg *config.Config, e config
 	if e.AccessLog {
 		accessLog = stderr
 	}
+	rl := newReloader(path, e, reg, cfg, apps, log)
 	p, err := proxy.New(proxy.Options{
 		Applications:   apps,
 		RequestTimeout: cfg.HTTPOptions.RequestTimeout(),
@@ -47,6 +52,7 @@ func serve(ctx context.Context, stopSignals func(), cfg *config.Config, e config
 		LogFormat:      e.LogFormat,
 		GC:             gc,
 		AdminToken:     e.AdminToken,
+		Reload:         rl.Reload,
 	})
 	if err != nil {
 		return err
@@ -68,6 +74,20 @@ func serve(ctx context.Context, stopSignals func(), cfg *config.Config, e config
 	for _, run := range discoveries {
 		wg.Go(func() { run(dctx) })
 	}
+	// SIGHUP reloads the file, as POST /-/reload does, until shutdown.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	wg.Go(func() {
+		for {
+			select {
+			case <-dctx.Done():
+				return
+			case <-hup:
+				rl.Reload(dctx)
+			}
+		}
+	})
+	defer signal.Stop(hup)
 	defer wg.Wait()
 	defer stopDiscovery()
 	serving = true

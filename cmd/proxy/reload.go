@@ -1,0 +1,284 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/serveproxy/serveproxy/config"
+	"github.com/serveproxy/serveproxy/proxy"
+	"github.com/serveproxy/serveproxy/replica"
+)
+
+// reloadTimeout bounds each change a reload makes (one deployment's
+// reconfigure, scale or new targets), as the admin calls are bounded.
+const reloadTimeout = 30 * time.Second
+
+// reloader applies the config file again to the running proxy, on SIGHUP
+// or POST /-/reload, as Serve's `serve deploy` of a changed file does its
+// light updates: a deployment's user_config (reconfigure), num_replicas
+// (scale) and its upstreams or hosts list change in place. A change to
+// anything else takes a restart: a file that holds one, or any problem,
+// changes nothing and says what.
+//
+// It is declarative: each deployment is made to match the file, whatever
+// the admin API changed since.
+type reloader struct {
+	mu   sync.Mutex // one reload at a time
+	path string
+	env  config.Env
+	reg  *replica.Registry
+	// running is the config the proxy was built from: what takes a
+	// restart is compared with it.
+	running *config.Config
+	apps    []*proxy.Application
+	// targets are the upstreams or hosts lists last given to each
+	// deployment, by [application][deployment]; nil for discovery.
+	targets [][][]string
+	log     zerolog.Logger
+}
+
+func newReloader(path string, e config.Env, reg *replica.Registry, running *config.Config, apps []*proxy.Application, log zerolog.Logger) *reloader {
+	rl := &reloader{path: path, env: e, reg: reg, running: running, apps: apps, log: log}
+	for _, a := range running.Applications {
+		var ts [][]string
+		for _, d := range a.Deployments {
+			ts = append(ts, staticTargets(d))
+		}
+		rl.targets = append(rl.targets, ts)
+	}
+	return rl
+}
+
+// staticTargets is the upstreams or hosts list of d, nil for any other
+// deployment (discovery included).
+func staticTargets(d config.Deployment) []string {
+	switch {
+	case d.Discovery != "":
+		return nil
+	case d.Handler == config.HandlerUpstream:
+		return d.Upstreams
+	case d.Handler == config.HandlerHost:
+		return d.Hosts
+	}
+	return nil
+}
+
+// change is one live change a reload makes to a deployment.
+type change struct {
+	dep      *proxy.Deployment
+	what     string // for the result: `application "a" deployment "d": num_replicas from 1 to 3`
+	apply    func(context.Context, *proxy.Deployment) error
+	setsList func() // records a targets list once applied
+}
+
+// Reload reads the file, checks it, and makes the changes it asks for.
+func (rl *reloader) Reload(ctx context.Context) proxy.ReloadResult {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	res := rl.reload(ctx)
+	if res.Applied == nil {
+		res.Applied = []string{}
+	}
+	ev := rl.log.Info()
+	msg := "config reloaded"
+	switch {
+	case res.Status == http.StatusOK && len(res.Applied) == 0:
+		msg = "config reloaded: nothing changed"
+	case len(res.Problems) > 0:
+		ev, msg = rl.log.Error().Strs("problems", res.Problems), "config reload refused: nothing changed"
+	case len(res.Failed) > 0:
+		ev, msg = rl.log.Error().Strs("failed", res.Failed), "config reload: some changes failed"
+	}
+	ev.Str("config", res.Config).Strs("applied", res.Applied).Msg(msg)
+	return res
+}
+
+func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
+	res := proxy.ReloadResult{Config: displayName(rl.path), Status: http.StatusOK}
+	if rl.path == "" {
+		res.Status = http.StatusConflict
+		res.Problems = []string{"no config file: the proxy serves its built-in app (give -config or PROXY_CONFIG to reload one)"}
+		return res
+	}
+	next, problems := loadConfig(rl.path, rl.env, rl.reg)
+	if len(problems) > 0 {
+		res.Status = http.StatusBadRequest
+		for _, p := range problems {
+			res.Problems = append(res.Problems, p.Error())
+		}
+		return res
+	}
+	changes, restart := rl.plan(next)
+	if len(restart) > 0 {
+		res.Status = http.StatusConflict
+		res.Problems = restart
+		return res
+	}
+	for _, c := range changes {
+		cctx, cancel := context.WithTimeout(ctx, reloadTimeout)
+		err := c.apply(cctx, c.dep)
+		cancel()
+		if err != nil {
+			res.Failed = append(res.Failed, fmt.Sprintf("%s: %v", c.what, err))
+			continue
+		}
+		if c.setsList != nil {
+			c.setsList()
+		}
+		res.Applied = append(res.Applied, c.what)
+	}
+	if len(res.Failed) > 0 {
+		res.Status = http.StatusInternalServerError
+	}
+	return res
+}
+
+// liveFields are the deployment fields a reload changes in place.
+var liveFields = []string{"user_config", "num_replicas", "upstreams", "hosts"}
+
+// plan compares next with what runs: the live changes to make, or the
+// changes that take a restart, one line each naming the field.
+func (rl *reloader) plan(next *config.Config) (changes []change, restart []string) {
+	cur := rl.running
+	needs := func(field, what string) {
+		restart = append(restart, fieldError(next, rl.path, field, fmt.Errorf("%s; that takes a restart (a reload changes user_config, num_replicas, upstreams and hosts)", what)).Error())
+	}
+	for _, f := range changedFields(cur.HTTPOptions, next.HTTPOptions) {
+		needs("http_options."+f, "changed")
+	}
+	if len(next.Applications) != len(cur.Applications) {
+		needs("applications", fmt.Sprintf("%d applications in the file, %d running", len(next.Applications), len(cur.Applications)))
+		return nil, restart
+	}
+	for i, na := range next.Applications {
+		ca := cur.Applications[i]
+		af := fmt.Sprintf("applications[%d]", i)
+		if na.Name != ca.Name {
+			needs(af+".name", fmt.Sprintf("%q, running %q", na.Name, ca.Name))
+			continue
+		}
+		if na.RoutePrefix != ca.RoutePrefix {
+			needs(af+".route_prefix", fmt.Sprintf("%q, running %q", na.RoutePrefix, ca.RoutePrefix))
+		}
+		if len(na.Deployments) != len(ca.Deployments) {
+			needs(af+".deployments", fmt.Sprintf("%d deployments in the file, %d running", len(na.Deployments), len(ca.Deployments)))
+			continue
+		}
+		for j, nd := range na.Deployments {
+			cd := ca.Deployments[j]
+			df := fmt.Sprintf("%s.deployments[%d]", af, j)
+			if nd.Name != cd.Name {
+				needs(df+".name", fmt.Sprintf("%q, running %q", nd.Name, cd.Name))
+				continue
+			}
+			for _, f := range changedFields(cd, nd, liveFields...) {
+				needs(df+"."+f, "changed")
+			}
+			if nd.Handler != cd.Handler {
+				continue // what is live differs too
+			}
+			cs, problem := rl.deploymentChanges(next, i, j, nd, df)
+			if problem != "" {
+				restart = append(restart, problem)
+			}
+			changes = append(changes, cs...)
+		}
+	}
+	if len(restart) > 0 {
+		return nil, restart
+	}
+	return changes, nil
+}
+
+// deploymentChanges are the live changes that make deployment [i][j]
+// match nd, its entry in next (field df).
+func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.Deployment, df string) ([]change, string) {
+	dep := rl.apps[i].Deployments[j]
+	spec := dep.Spec()
+	name := fmt.Sprintf("application %q deployment %q", spec.App, spec.Name)
+	var out []change
+	switch same, err := sameJSON(spec.UserConfig, nd.UserConfig); {
+	case err != nil:
+		return nil, fieldError(next, rl.path, df+".user_config", err).Error()
+	case same:
+	case nd.UserConfig == nil:
+		return nil, fieldError(next, rl.path, df+".user_config",
+			errors.New("removed, and a reload cannot take a user_config away: give the one the replicas should have, or restart")).Error()
+	default:
+		uc := nd.UserConfig
+		out = append(out, change{dep: dep, what: name + ": user_config " + string(compactJSON(uc)),
+			apply: func(ctx context.Context, d *proxy.Deployment) error {
+				_, err := d.Reconfigure(ctx, uc)
+				return err
+			}})
+	}
+	if dep.Replaces() && nd.NumReplicas != spec.NumReplicas {
+		n := nd.NumReplicas
+		out = append(out, change{dep: dep, what: fmt.Sprintf("%s: num_replicas from %d to %d", name, spec.NumReplicas, n),
+			apply: func(ctx context.Context, d *proxy.Deployment) error { return d.Scale(ctx, n) }})
+	}
+	if list := staticTargets(nd); list != nil && !slices.Equal(list, rl.targets[i][j]) {
+		field := "upstreams"
+		if nd.Handler == config.HandlerHost {
+			field = "hosts"
+		}
+		out = append(out, change{dep: dep, what: fmt.Sprintf("%s: %s %v", name, field, list),
+			apply:    func(_ context.Context, d *proxy.Deployment) error { return d.SetTargets(list) },
+			setsList: func() { rl.targets[i][j] = list }})
+	}
+	return out, ""
+}
+
+// changedFields returns the YAML names of the exported fields of a and b,
+// structs of one type, that differ, except those in skip.
+func changedFields(a, b any, skip ...string) []string {
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	var out []string
+	for i := range va.NumField() {
+		f := va.Type().Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if !f.IsExported() || name == "" || name == "-" || slices.Contains(skip, name) {
+			continue
+		}
+		if !reflect.DeepEqual(va.Field(i).Interface(), vb.Field(i).Interface()) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// sameJSON reports whether a and b hold the same JSON value (nil is no
+// value), whatever their spacing and key order.
+func sameJSON(a, b json.RawMessage) (bool, error) {
+	if a == nil || b == nil {
+		return a == nil && b == nil, nil
+	}
+	var va, vb any
+	if err := json.Unmarshal(a, &va); err != nil {
+		return false, err
+	}
+	if err := json.Unmarshal(b, &vb); err != nil {
+		return false, err
+	}
+	return reflect.DeepEqual(va, vb), nil
+}
+
+// compactJSON is b without its spaces, for a log line.
+func compactJSON(b json.RawMessage) []byte {
+	var buf bytes.Buffer
+	if json.Compact(&buf, b) != nil {
+		return b
+	}
+	return buf.Bytes()
+}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// reloadConfig is the file of TestReload, with the static app's body and
+// replicas, the upstreams and an extra line for the hello deployment.
+func reloadConfig(body string, replicas int, upstreams []string, extra string) string {
+	var ups []string
+	for _, u := range upstreams {
+		ups = append(ups, `"http://`+u+`"`)
+	}
+	return `applications:
+  - name: hello
+    route_prefix: /hello
+    deployments:
+      - name: hello
+        handler: static
+        num_replicas: ` + itoa(replicas) + `
+        user_config: {body: ` + body + `}
+` + extra + `  - name: up
+    route_prefix: /up
+    deployments:
+      - name: up
+        handler: upstream
+        upstreams: [` + strings.Join(ups, ", ") + `]
+        health_check_path: /
+`
+}
+
+func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// reloadResult is POST /-/reload's answer.
+type reloadResult struct {
+	Applied  []string `json:"applied"`
+	Problems []string `json:"problems"`
+	Failed   []string `json:"failed"`
+}
+
+func postReload(t *testing.T, c *http.Client, p *proc) (int, reloadResult) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+p.AdminAddr+"/-/reload", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := do(t, c, req)
+	var res reloadResult
+	if err := json.Unmarshal([]byte(r.body), &res); err != nil {
+		t.Fatalf("POST /-/reload: %d %q: %v", r.status, r.body, err)
+	}
+	return r.status, res
+}
+
+func TestReload(t *testing.T) {
+	h1, h2 := startHi(t), startHi(t)
+	path := writeConfig(t, reloadConfig("one", 1, []string{h1.addr}, ""))
+	rewrite := func(yaml string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 4)
+	counts := func() (hello, up int) {
+		apps := getApplications(t, c, p).Applications
+		for _, rep := range apps[0].Deployments[0].Replicas {
+			if rep.State == "RUNNING" {
+				hello++
+			}
+		}
+		return hello, len(apps[1].Deployments[0].Replicas)
+	}
+
+	// SIGHUP: the light changes are made in place.
+	rewrite(reloadConfig("two", 3, []string{h1.addr, h2.addr}, ""))
+	p.signal(syscall.SIGHUP)
+	if !p.waitLogged(`"message":"config reloaded"`, 30*time.Second) {
+		t.Fatalf("no reload logged after SIGHUP:\n%s", strings.Join(p.stderrLines(), "\n"))
+	}
+	if r := get(t, c, "http://"+p.HTTPAddr+"/hello"); r.body != "two" {
+		t.Errorf("after the reload /hello = %d %q, want the new user_config's body", r.status, r.body)
+	}
+	waitUntil(t, "3 hello replicas and 2 upstreams", func() bool { h, u := counts(); return h == 3 && u == 2 })
+
+	// It is declarative: a scale through the admin API is undone by a
+	// reload of the file, which still says 3.
+	req, _ := http.NewRequest(http.MethodPut, "http://"+p.AdminAddr+"/-/applications/hello/deployments/hello/num_replicas", strings.NewReader(`{"num_replicas": 1}`))
+	if r := do(t, c, req); r.status != http.StatusOK {
+		t.Fatalf("PUT num_replicas: %d %s", r.status, r.body)
+	}
+	status, res := postReload(t, c, p)
+	if status != http.StatusOK || len(res.Applied) != 1 || !strings.Contains(res.Applied[0], "num_replicas from 1 to 3") {
+		t.Errorf("reload after an admin scale: %d %+v, want num_replicas from 1 to 3 applied", status, res)
+	}
+	status, res = postReload(t, c, p)
+	if status != http.StatusOK || len(res.Applied) != 0 {
+		t.Errorf("reload of an unchanged file: %d %+v, want 200 and nothing applied", status, res)
+	}
+
+	// A change that takes a restart: refused, nothing changed.
+	rewrite(reloadConfig("three", 3, []string{h1.addr}, "        max_ongoing_requests: 10\n"))
+	status, res = postReload(t, c, p)
+	if status != http.StatusConflict || len(res.Problems) != 1 ||
+		!strings.Contains(res.Problems[0], "applications[0].deployments[0].max_ongoing_requests") || !strings.Contains(res.Problems[0], "takes a restart") {
+		t.Errorf("reload with a new max_ongoing_requests: %d %+v, want 409 naming the field", status, res)
+	}
+	if r := get(t, c, "http://"+p.HTTPAddr+"/hello"); r.body != "two" {
+		t.Errorf("a refused reload changed /hello to %q", r.body)
+	}
+	if _, u := counts(); u != 2 {
+		t.Errorf("a refused reload changed the upstreams: %d, want 2", u)
+	}
+
+	// A file with a problem: refused, the problem named.
+	rewrite(reloadConfig("three", 3, []string{h1.addr}, "        max_ongoing: 10\n"))
+	status, res = postReload(t, c, p)
+	if status != http.StatusBadRequest || len(res.Problems) == 0 || !strings.Contains(res.Problems[0], "max_ongoing: unknown field") {
+		t.Errorf("reload of a bad file: %d %+v, want 400 naming the field", status, res)
+	}
+	if !p.logged("config reload refused: nothing changed") {
+		t.Error("no log line says the reload was refused")
+	}
+}
