@@ -135,12 +135,23 @@ func NewDeployment(spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
 		checkNow:      make(chan struct{}, 1),
 	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
+	// fail stops the replicas made before err (a host's connection, an
+	// upstream's pool): nobody else holds them.
+	fail := func(err error) (*Deployment, error) {
+		d.cancel()
+		for _, r := range d.replicas {
+			if s, ok := r.(Stopper); ok {
+				_ = s.Stop(context.Background())
+			}
+		}
+		return nil, err
+	}
 	switch {
 	case spec.Connect != nil:
 		for _, t := range spec.Targets {
 			rs, err := d.connect(t)
 			if err != nil {
-				return nil, err
+				return fail(err)
 			}
 			d.replicas = append(d.replicas, rs...)
 		}
@@ -151,7 +162,7 @@ func NewDeployment(spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
 		for range spec.NumReplicas {
 			r, err := d.newReplica(d.ctx, spec.UserConfig)
 			if err != nil {
-				return nil, err
+				return fail(err)
 			}
 			d.replicas = append(d.replicas, r)
 		}

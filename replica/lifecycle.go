@@ -137,7 +137,9 @@ func (d *Deployment) retireLocked(old Replica) {
 		}
 		old.SetState(StateStopped)
 		if s, ok := old.(Stopper); ok {
-			if err := s.Stop(ctx); err != nil {
+			// Not ctx: the drain may have spent it, and a process gets
+			// its own SIGTERM grace before SIGKILL (as in Stop).
+			if err := s.Stop(context.WithoutCancel(ctx)); err != nil {
 				d.log().Warn().Str("replica", old.ID()).Err(err).Msg("stopping a replica")
 			}
 		}

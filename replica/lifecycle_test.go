@@ -1,0 +1,83 @@
+package replica
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+)
+
+// stopRecorder is a replica that records its Stop's context.
+type stopRecorder struct {
+	*Local
+	stopped chan error // ctx.Err() when Stop was called
+}
+
+func (s *stopRecorder) Stop(ctx context.Context) error {
+	s.stopped <- ctx.Err()
+	return nil
+}
+
+// A retired replica whose drain used up graceful_shutdown_timeout_s is
+// still stopped with a live context: a process gets its SIGTERM grace, not
+// SIGKILL at once (found by review).
+func TestRetiredReplicaStopHasItsOwnGrace(t *testing.T) {
+	spec := DeploymentSpec{App: "a", Name: "d", NumReplicas: 2, MaxOngoingRequests: 2,
+		GracefulShutdownTimeout: 200 * time.Millisecond, HealthCheckTimeout: time.Second, HealthCheckPeriod: time.Hour,
+		Start: func(ctx context.Context, id string, onRelease func()) (Replica, error) {
+			return &stopRecorder{Local: NewLocal(id, http.NotFoundHandler(), 2, onRelease), stopped: make(chan error, 1)}, nil
+		}}
+	d, err := NewDeployment(spec, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	defer d.Stop(context.Background())
+	rs := d.Replicas()
+	newest := rs[len(rs)-1].(*stopRecorder)
+	release, ok := newest.TryAcquire() // a request that outlives the grace period
+	if !ok {
+		t.Fatal("no slot")
+	}
+	defer release()
+	if err := d.Scale(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-newest.stopped:
+		if err != nil {
+			t.Errorf("the retired replica was stopped with a spent context (%v)", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the retired replica was not stopped")
+	}
+}
+
+// A deployment whose second target cannot be connected to fails, and
+// closes the connection it made to the first (found by review).
+func TestNewDeploymentFailureClosesConnected(t *testing.T) {
+	_, addr := startHost(t, HostConfig{Factory: factoryOf(func(w http.ResponseWriter, r *http.Request) {}), Replicas: 1, MaxOngoing: 1})
+	var conns []*HostConn
+	spec := DeploymentSpec{App: "a", Name: "d", HealthCheckTimeout: time.Second, GracefulShutdownTimeout: time.Second,
+		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			hc, err := ConnectHost(ctx, target, HostOptions{OnRelease: onRelease})
+			if err != nil {
+				return nil, err
+			}
+			conns = append(conns, hc)
+			return hc.Replicas(), nil
+		},
+		Targets: []string{addr, "127.0.0.1:1"}}
+	if _, err := NewDeployment(spec, Hooks{}); err == nil {
+		t.Fatal("NewDeployment with an unreachable host succeeded")
+	}
+	if len(conns) != 1 {
+		t.Fatalf("%d connections made, want 1", len(conns))
+	}
+	if conns[0].Connected() {
+		conns[0].Close()
+		t.Fatal("the first host's connection is still open after NewDeployment failed")
+	}
+}
