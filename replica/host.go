@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -81,7 +82,15 @@ type Host struct {
 	stop      chan struct{} // closed when closed is set
 
 	wg sync.WaitGroup // the connections' goroutines
+	// unanswered counts the requests an actor took whose answer is not
+	// queued yet: Shutdown waits for it after the actors are idle, as a
+	// handler frees its slot before it queues its answer.
+	unanswered atomic.Int64
 }
+
+// goAwayLinger bounds how long Shutdown waits, once every request is
+// answered, for the proxies to close their connections after its goaway.
+const goAwayLinger = 2 * time.Second
 
 // NewHost builds the host's actors, running. It fails if a setting is out
 // of range or the factory fails (or panics).
@@ -211,31 +220,50 @@ func (h *Host) Serve(l net.Listener) error {
 }
 
 // Shutdown stops accepting connections, refuses new requests (as full: the
-// proxies send them elsewhere), waits until the actors have finished the
-// requests they hold, then closes every connection once its last frames
-// are written. If ctx ends first, it closes everything at once (see Close)
-// and returns ctx's error.
+// proxies send them elsewhere), and sends each proxy a goaway, so that it
+// sends nothing more and closes its connection once its requests are
+// answered. It waits until the actors have finished the requests they
+// hold and their answers are queued, and until the proxies have closed
+// (for up to goAwayLinger; then it closes their connections once their
+// last frames are written). If ctx ends first, it closes everything at
+// once (see Close) and returns ctx's error.
 func (h *Host) Shutdown(ctx context.Context) error {
 	h.closeListeners()
 	for _, l := range h.actors {
 		l.SetState(StateDraining)
 	}
+	h.mu.Lock()
+	for c := range h.conns {
+		_ = c.w.send(frameGoAway, 0, 0)
+	}
+	h.mu.Unlock()
 	var err error
 	for _, r := range h.pool.Broadcast(ctx, Call{Method: MethodDrain}) {
 		if r.Err != nil && err == nil {
 			err = r.Err
 		}
 	}
-	h.mu.Lock()
-	for c := range h.conns {
-		c.w.closeGracefully()
+	if werr := waitIdle(ctx, unansweredCount{h}); werr != nil && err == nil {
+		err = werr
 	}
-	h.mu.Unlock()
 	done := make(chan struct{})
 	go func() {
 		h.wg.Wait()
 		close(done)
 	}()
+	linger := time.NewTimer(goAwayLinger)
+	defer linger.Stop()
+	select {
+	case <-done:
+		return err
+	case <-linger.C:
+	case <-ctx.Done():
+	}
+	h.mu.Lock()
+	for c := range h.conns {
+		c.w.closeGracefully()
+	}
+	h.mu.Unlock()
 	select {
 	case <-done:
 		return err
@@ -245,6 +273,11 @@ func (h *Host) Shutdown(ctx context.Context) error {
 	<-done
 	return ctx.Err()
 }
+
+// unansweredCount is Host.unanswered as waitIdle reads it.
+type unansweredCount struct{ h *Host }
+
+func (u unansweredCount) Ongoing() int { return int(u.h.unanswered.Load()) }
 
 // Close closes the listeners and every connection at once: requests in
 // flight are cut (their handlers' contexts are cancelled) and the proxies
@@ -552,6 +585,7 @@ func (c *hostSession) onRequest(id uint32, flags byte, body []byte) error {
 	}
 	buf := copyBuf(body)
 	c.handlers.Add(1)
+	c.h.unanswered.Add(1)
 	go c.serve(hr, l, release, buf, flags&flagEnd != 0)
 	return nil
 }
@@ -581,6 +615,7 @@ type hostRequest struct {
 // buf is the request frame's body, which serve gives back.
 func (c *hostSession) serve(hr *hostRequest, l *Local, release func(), buf *[]byte, whole bool) {
 	defer c.handlers.Done()
+	defer c.h.unanswered.Add(-1) // its answer is queued, or cannot be
 	defer putBuf(buf)
 	s := &hr.stream
 	defer c.endStream(s)

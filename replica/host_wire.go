@@ -50,6 +50,10 @@ package replica
 //	                            of the call, in its order; the answer if code is 0, else
 //	                            the error's message
 //	11 free      proxy  0       ref uint64: drop the payload kept under ref
+//	12 goaway    host   0       empty: the host is shutting down; the proxy sends no new
+//	                            request or call on the connection, and closes it once
+//	                            every one in flight is answered (those that reach the
+//	                            host meanwhile are answered full)
 //
 // The proxy dials, sends its hello and waits for the host's; then both
 // sides send frames whenever they like. The proxy numbers requests and
@@ -137,6 +141,7 @@ const (
 	frameControl
 	frameResult
 	frameFree
+	frameGoAway
 )
 
 const (
@@ -156,6 +161,9 @@ var (
 	ErrBadFrame = errors.New("replica host protocol: malformed frame")
 	// errConnClosed is the error of a connection closed on purpose.
 	errConnClosed = errors.New("replica host connection closed")
+	// errHostGoingAway is why a proxy closed a connection whose host sent
+	// goaway.
+	errHostGoingAway = errors.New("the replica host is shutting down (goaway)")
 )
 
 // Error codes of error and result frames. A code names the error the
@@ -432,7 +440,7 @@ func (fr *frameReader) next() (typ frameType, flags byte, id uint32, body []byte
 	if n > fr.max {
 		return 0, 0, 0, nil, fmt.Errorf("%w: a %d-byte frame from %s; the limit is %d bytes (MaxFrameSize)", ErrFrameTooLarge, n, fr.peer, fr.max)
 	}
-	if typ < frameHello || typ > frameFree {
+	if typ < frameHello || typ > frameGoAway {
 		return 0, 0, 0, nil, fmt.Errorf("%w: unknown frame type %d from %s", ErrBadFrame, typ, fr.peer)
 	}
 	if frameHeaderLen+n <= fr.br.Size() {

@@ -177,7 +177,7 @@ func (c *HostConn) Replicas() []Replica {
 // Connected reports whether a connection to the host is up.
 func (c *HostConn) Connected() bool {
 	for i := range c.links {
-		if cc := c.links[i].Load(); cc != nil && !cc.dead.Load() {
+		if cc := c.links[i].Load(); cc != nil && !cc.dead.Load() && !cc.away.Load() {
 			return true
 		}
 	}
@@ -418,7 +418,7 @@ func (c *HostConn) pick(k int) (*hostLink, uint16, error) {
 	gone := false
 	for j := range n {
 		cc := c.links[(i+j)%n].Load()
-		if cc == nil || cc.dead.Load() {
+		if cc == nil || cc.dead.Load() || cc.away.Load() {
 			continue
 		}
 		if x := cc.actors[k]; x >= 0 {
@@ -544,6 +544,9 @@ type hostLink struct {
 	w      *frameWriter
 	actors []int32     // replica k's actor is actors[k] in this connection's hello; -1 if absent
 	dead   atomic.Bool // set when the connection ends
+	// away is set when the host sent goaway: nothing new goes on the
+	// connection, which is closed once what is in flight is answered.
+	away atomic.Bool
 
 	// mu guards the fields below.
 	mu      sync.Mutex
@@ -614,6 +617,9 @@ func (cc *hostLink) unregister(s *linkStream) {
 	cc.mu.Lock()
 	delete(cc.streams, s.id)
 	cc.mu.Unlock()
+	if cc.away.Load() {
+		cc.closeIfIdle()
+	}
 	if s.win != nil {
 		s.win.close(context.Canceled)
 	}
@@ -631,6 +637,29 @@ func (cc *hostLink) stream(id uint32) *linkStream {
 	return cc.streams[id]
 }
 
+// goAway takes the host's goaway: the host's actors leave routing (unless
+// another connection serves them), and the connection closes once nothing
+// is in flight on it.
+func (cc *hostLink) goAway() {
+	cc.away.Store(true)
+	cc.hc.reportReachability()
+	cc.closeIfIdle()
+}
+
+// closeIfIdle closes a connection the host sent goaway on once no request
+// or call is in flight: register refuses new ones from then on.
+func (cc *hostLink) closeIfIdle() {
+	cc.mu.Lock()
+	idle := len(cc.streams) == 0 && cc.err == nil
+	if idle {
+		cc.err = errHostGoingAway
+	}
+	cc.mu.Unlock()
+	if idle {
+		_ = cc.nc.Close() // readLoop ends, and shut gives errHostGoingAway as the cause
+	}
+}
+
 // shut ends the connection with err and fails everything in flight on it.
 func (cc *hostLink) shut(err error) {
 	if err == nil || errors.Is(err, io.EOF) {
@@ -639,11 +668,16 @@ func (cc *hostLink) shut(err error) {
 	if errors.Is(err, net.ErrClosed) {
 		err = errConnClosed
 	}
+	cc.mu.Lock()
+	if cc.err != nil {
+		err = cc.err // closed on purpose (goAway): that is why
+	}
+	cc.err = err
+	cc.mu.Unlock()
 	cc.dead.Store(true)
 	cc.w.fail(err)
 	cc.hc.setErr(err)
 	cc.mu.Lock()
-	cc.err = err
 	streams := cc.streams
 	cc.streams = nil
 	cc.mu.Unlock()
@@ -705,6 +739,8 @@ func (cc *hostLink) readLoop() error {
 					return err
 				}
 			}
+		case frameGoAway:
+			cc.goAway()
 		default:
 			return fmt.Errorf("%w: a frame of type %d from a host", ErrBadFrame, typ)
 		}
