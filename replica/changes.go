@@ -105,13 +105,18 @@ func (d *Deployment) Scale(ctx context.Context, n int) error {
 	var retired []string
 	if len(d.replicas) > n {
 		// The newest go first: the oldest have warm caches.
-		for _, r := range slices.Clone(d.replicas[n:]) {
+		batch := slices.Clone(d.replicas[n:])
+		for _, r := range batch {
 			retired = append(retired, r.ID())
-			d.retireLocked(r)
 		}
+		d.retireLocked(batch...)
 	}
 	d.mu.Unlock()
 	ev := d.log().Info().Int("from", from).Int("to", n)
+	if len(retired) > maxNamedInLog {
+		ev = ev.Int("draining_more", len(retired)-maxNamedInLog)
+		retired = retired[:maxNamedInLog]
+	}
 	if len(retired) > 0 {
 		ev = ev.Strs("draining", retired)
 	}
@@ -120,6 +125,9 @@ func (d *Deployment) Scale(ctx context.Context, n int) error {
 	d.kick() // the starter finishes what ctx cut short
 	return err
 }
+
+// maxNamedInLog bounds the replicas one log line names.
+const maxNamedInLog = 20
 
 // Replaces reports whether a replica that fails is replaced by a new one:
 // false for a deployment that follows targets (Connect), whose replicas
@@ -159,8 +167,8 @@ func (d *Deployment) SetTargets(targets []string) error {
 	// take seconds.
 	for _, r := range gone {
 		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica gone from discovery: draining")
-		d.retireLocked(r)
 	}
+	d.retireLocked(gone...)
 	d.spec.NumReplicas = len(d.replicas)
 	d.mu.Unlock()
 

@@ -21,11 +21,22 @@ const (
 // as Serve's replica ids are.
 func (d *Deployment) newID() string {
 	const letters = "abcdefghijklmnopqrstuvwxyz"
-	b := make([]byte, 6)
-	for i := range b {
-		b[i] = letters[rand.IntN(len(letters))]
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.issued == nil {
+		d.issued = make(map[string]bool)
 	}
-	return d.spec.Name + "#" + string(b)
+	for {
+		b := make([]byte, 6)
+		for i := range b {
+			b[i] = letters[rand.IntN(len(letters))]
+		}
+		// 26^6 ids: among 10000 replicas two alike are likely (16%).
+		if id := d.spec.Name + "#" + string(b); !d.issued[id] {
+			d.issued[id] = true
+			return id
+		}
+	}
 }
 
 // newReplica builds a replica with spec.Start, or in process with the
@@ -104,20 +115,30 @@ func (d *Deployment) connect(target string) ([]Replica, error) {
 	return rs, nil
 }
 
-// retireLocked takes r out of routing and drains it in the background
-// (MethodDrain through the pool), for up to graceful_shutdown_timeout_s or
-// until Stop, then stops it; the starter replaces it. d.mu must be held.
-func (d *Deployment) retireLocked(old Replica) {
-	i := slices.Index(d.replicas, old)
-	if i < 0 {
-		return // retired already
+// retireLocked takes olds out of routing and drains them in the
+// background (MethodDrain through the pool, one broadcast for the batch),
+// for up to graceful_shutdown_timeout_s or until Stop, then stops them;
+// the starter replaces them. The pool is rebuilt once for the batch, and
+// once when it is done: a scale from 10000 to 1 is one batch, not 9999.
+// d.mu must be held.
+func (d *Deployment) retireLocked(olds ...Replica) {
+	var batch []Replica
+	for _, old := range olds {
+		i := slices.Index(d.replicas, old)
+		if i < 0 {
+			continue // retired already
+		}
+		d.replicas = slices.Delete(d.replicas, i, i+1)
+		old.SetState(StateDraining) // refused at once, even from a stale snapshot
+		delete(d.failures, old)
+		delete(d.excluded, old)
+		delete(d.unreachableAt, old)
+		d.retired = append(d.retired, old)
+		batch = append(batch, old)
 	}
-	d.replicas = slices.Delete(d.replicas, i, i+1)
-	old.SetState(StateDraining) // refused at once, even from a stale snapshot
-	delete(d.failures, old)
-	delete(d.excluded, old)
-	delete(d.unreachableAt, old)
-	d.retired = append(d.retired, old)
+	if len(batch) == 0 {
+		return
+	}
 	d.rebuildPoolLocked()
 	d.publishLocked()
 	d.kick()
@@ -127,26 +148,49 @@ func (d *Deployment) retireLocked(old Replica) {
 		defer d.wg.Done()
 		ctx, cancel := context.WithTimeout(d.ctx, d.spec.GracefulShutdownTimeout)
 		defer cancel()
-		r := pool.Broadcast(ctx, Call{Method: MethodDrain}, old.ID())[0]
-		if r.Err != nil && d.ctx.Err() != nil {
-			return // Stop drains and stops it with its own deadline
+		ids := make([]string, len(batch))
+		for i, old := range batch {
+			ids[i] = old.ID()
 		}
-		if r.Err != nil {
-			d.log().Warn().Str("replica", old.ID()).Int("ongoing", old.Ongoing()).
-				Msg("replica still busy at graceful_shutdown_timeout_s: stopped anyway")
-		}
-		old.SetState(StateStopped)
-		if s, ok := old.(Stopper); ok {
-			// Not ctx: the drain may have spent it, and a process gets
-			// its own SIGTERM grace before SIGKILL (as in Stop).
-			if err := s.Stop(context.WithoutCancel(ctx)); err != nil {
-				d.log().Warn().Str("replica", old.ID()).Err(err).Msg("stopping a replica")
+		var busy []string
+		for _, r := range pool.Broadcast(ctx, Call{Method: MethodDrain}, ids...) {
+			if r.Err != nil {
+				busy = append(busy, r.Actor)
 			}
 		}
+		if len(busy) > 0 && d.ctx.Err() != nil {
+			return // Stop drains and stops them with its own deadline
+		}
+		if len(busy) > 0 {
+			d.log().Warn().Strs("replicas", busy).
+				Msg("replicas still busy at graceful_shutdown_timeout_s: stopped anyway")
+		}
+		// Not ctx: the drain may have spent it, and a process gets its
+		// own SIGTERM grace before SIGKILL (as in Stop).
+		sctx := context.WithoutCancel(ctx)
+		var stops sync.WaitGroup
+		for _, old := range batch {
+			old.SetState(StateStopped)
+			if s, ok := old.(Stopper); ok {
+				stops.Go(func() {
+					if err := s.Stop(sctx); err != nil {
+						d.log().Warn().Str("replica", old.ID()).Err(err).Msg("stopping a replica")
+					}
+				})
+			}
+		}
+		stops.Wait()
+		done := make(map[Replica]bool, len(batch))
+		for _, old := range batch {
+			done[old] = true
+		}
 		d.mu.Lock()
-		if i := slices.Index(d.retired, old); i >= 0 {
-			d.retired = slices.Delete(d.retired, i, i+1)
-			delete(d.targets, old)
+		n := len(d.retired)
+		d.retired = slices.DeleteFunc(d.retired, func(r Replica) bool { return done[r] })
+		if len(d.retired) != n {
+			for _, old := range batch {
+				delete(d.targets, old)
+			}
 			d.rebuildPoolLocked()
 		}
 		d.mu.Unlock()
@@ -202,27 +246,33 @@ func (d *Deployment) starter(ctx context.Context) {
 			return
 		case <-d.wake:
 		}
-		for ctx.Err() == nil {
-			err := d.topUp()
-			if err == nil || ctx.Err() != nil {
-				break
-			}
+		for failed := false; ctx.Err() == nil; failed = true {
 			d.mu.Lock()
 			n, gaveUp := d.startFailures, d.gaveUp
 			d.mu.Unlock()
 			if gaveUp {
 				break
 			}
-			wait := min(startBackoffMin<<min(max(n-1, 0), 20), startBackoffMax)
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-			case <-t.C:
+			// A round that failed, here or before the kick (the first
+			// starts, say), waits its backoff before the next.
+			if failed || n > 0 {
+				t := time.NewTimer(min(startBackoffMin<<min(max(n-1, 0), 20), startBackoffMax))
+				select {
+				case <-ctx.Done():
+				case <-t.C:
+				}
+				t.Stop()
 			}
-			t.Stop()
+			if err := d.topUp(); err == nil || ctx.Err() != nil {
+				break
+			}
 		}
 	}
 }
+
+// publishEvery is how long in-process replicas are built before those
+// built so far are published to routing.
+const publishEvery = 10 * time.Millisecond
 
 // topUp starts replicas until the deployment has num_replicas again.
 func (d *Deployment) topUp() error {
@@ -275,19 +325,33 @@ func (d *Deployment) topUpHeld(ctx context.Context) error {
 		if missing <= 0 || gaveUp || d.ctx.Err() != nil || ctx.Err() != nil {
 			return ctx.Err()
 		}
-		n := 1
+		var built []Replica
+		var errs []error
 		if d.spec.Start != nil {
-			n = min(missing, maxParallelStarts)
+			// Processes start in parallel rounds.
+			n := min(missing, maxParallelStarts)
+			built, errs = make([]Replica, n), make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() { built[i], errs[i] = d.newReplica(ctx, userConfig) })
+			}
+			wg.Wait()
+			built = slices.DeleteFunc(built, func(r Replica) bool { return r == nil })
+			errs = slices.DeleteFunc(errs, func(err error) bool { return err == nil })
+		} else {
+			// In process: one after another, published every
+			// publishEvery, so that each takes requests soon and a
+			// scale to thousands is not one pool rebuild per replica.
+			t0 := time.Now()
+			for len(built) < missing && (len(built) == 0 || time.Since(t0) < publishEvery) {
+				r, err := d.newReplica(ctx, userConfig)
+				if err != nil {
+					errs = append(errs, err)
+					break
+				}
+				built = append(built, r)
+			}
 		}
-		built := make([]Replica, n)
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() { built[i], errs[i] = d.newReplica(ctx, userConfig) })
-		}
-		wg.Wait()
-		built = slices.DeleteFunc(built, func(r Replica) bool { return r == nil })
-		errs = slices.DeleteFunc(errs, func(err error) bool { return err == nil })
 
 		d.mu.Lock()
 		if d.ctx.Err() != nil {
