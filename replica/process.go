@@ -127,6 +127,10 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 	}
 	go func() {
 		p.exitErr = cmd.Wait()
+		// What the process left running in its group (a shell's server
+		// that was not exec'd) is part of the replica, and goes with it:
+		// it would hold the port and serve no one.
+		_ = signalGroup(cmd.Process.Pid, syscall.SIGKILL)
 		// The output's last lines, unless a descendant keeps the pipes
 		// open: then the readers go on, and the exit is not held up.
 		logged := make(chan struct{})
