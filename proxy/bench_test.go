@@ -50,7 +50,7 @@ func BenchmarkServeApp(b *testing.B) {
 // its access log written to accessLog, off if nil.
 func benchProxy(b *testing.B, accessLog io.Writer) *Proxy {
 	b.Helper()
-	d, err := NewDeployment(replica.DeploymentSpec{
+	d, err := NewDeployment(context.Background(), replica.DeploymentSpec{
 		App: "default", Name: "hello", Factory: static("hi"), NumReplicas: 16, MaxOngoingRequests: 100,
 		HealthCheckPeriod: time.Hour, HealthCheckTimeout: time.Second,
 	}, -1, zerolog.Nop())

@@ -36,10 +36,10 @@ type Deployment struct {
 
 // NewDeployment builds a deployment's replicas and its scheduler, wired so
 // that every freed slot reaches the scheduler's waiters. maxQueued < 0
-// means no limit.
-func NewDeployment(spec replica.DeploymentSpec, maxQueued int, log zerolog.Logger) (*Deployment, error) {
+// means no limit. ctx bounds the first starts (see replica.NewDeployment).
+func NewDeployment(ctx context.Context, spec replica.DeploymentSpec, maxQueued int, log zerolog.Logger) (*Deployment, error) {
 	s := router.NewScheduler(nil, maxQueued)
-	d, err := replica.NewDeployment(spec, replica.Hooks{
+	d, err := replica.NewDeployment(ctx, spec, replica.Hooks{
 		OnChange:  s.SetReplicas,
 		OnRelease: s.Notify,
 		Log:       log,

@@ -100,7 +100,7 @@ func startProxyWith(t *testing.T, opts Options, so ServerOptions, deps ...testDe
 				return []replica.Replica{r}, err
 			}
 		}
-		d, err := NewDeployment(replica.DeploymentSpec{
+		d, err := NewDeployment(context.Background(), replica.DeploymentSpec{
 			App: td.app, Name: td.app + "-dep", Factory: td.factory, UserConfig: userConfig,
 			Connect: connect, Targets: td.targets,
 			NumReplicas: td.replicas, MaxOngoingRequests: td.maxOngoing,

@@ -191,7 +191,7 @@ func (d *Deployment) SetTargets(targets []string) error {
 	errs := make([]error, len(fresh))
 	var wg sync.WaitGroup
 	for i, t := range fresh {
-		wg.Go(func() { conns[i], errs[i] = d.connect(t) })
+		wg.Go(func() { conns[i], errs[i] = d.connect(d.ctx, t) })
 	}
 	wg.Wait()
 

@@ -35,7 +35,7 @@ func startDeployment(t *testing.T, spec DeploymentSpec) *Deployment {
 	spec.MaxOngoingRequests = max(spec.MaxOngoingRequests, 1)
 	spec.GracefulShutdownTimeout = time.Second
 	spec.HealthCheckTimeout = time.Second
-	d, err := NewDeployment(spec, Hooks{})
+	d, err := NewDeployment(context.Background(), spec, Hooks{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +219,7 @@ func TestSetTargetsSlowConnect(t *testing.T) {
 // the router is told nothing.
 func TestSetTargetsFailedRoundPublishesNothing(t *testing.T) {
 	var publishes atomic.Int32
-	d, err := NewDeployment(DeploymentSpec{App: "app", Name: "dep", MaxOngoingRequests: 1, Targets: []string{"a"},
+	d, err := NewDeployment(context.Background(), DeploymentSpec{App: "app", Name: "dep", MaxOngoingRequests: 1, Targets: []string{"a"},
 		GracefulShutdownTimeout: time.Second, HealthCheckTimeout: time.Second,
 		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
 			if target == "down" {

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -126,8 +127,11 @@ type Deployment struct {
 // spec.Factory or spec.Start, or one per spec.Targets with spec.Connect.
 // They take requests once Start is called. A Factory or Connect error
 // fails it (a bad config); a Start error does not: the replicas that
-// started serve, and the others are retried with backoff.
-func NewDeployment(spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
+// started serve, and the others are retried with backoff. ctx bounds
+// these first starts (a shutdown asked for during them): once it is done,
+// NewDeployment stops what it built and returns ctx's error. The
+// deployment itself lives until Stop.
+func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
 	d := &Deployment{
 		spec: spec, hooks: hooks,
 		failures: make(map[Replica]int), excluded: make(map[Replica]bool), targets: make(map[Replica]string),
@@ -136,6 +140,9 @@ func NewDeployment(spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
 		checkNow:      make(chan struct{}, 1),
 	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
+	startCtx, cancelStart := context.WithCancel(d.ctx)
+	defer cancelStart()
+	defer context.AfterFunc(ctx, cancelStart)()
 	// fail stops the replicas made before err (a host's connection, an
 	// upstream's pool): nobody else holds them.
 	fail := func(err error) (*Deployment, error) {
@@ -150,18 +157,24 @@ func NewDeployment(spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
 	switch {
 	case spec.Connect != nil:
 		for _, t := range spec.Targets {
-			rs, err := d.connect(t)
+			rs, err := d.connect(startCtx, t)
 			if err != nil {
-				return fail(err)
+				return fail(cmp.Or(ctx.Err(), err))
 			}
 			d.replicas = append(d.replicas, rs...)
 		}
 		d.spec.NumReplicas = len(d.replicas)
 	case spec.Start != nil:
-		d.replicas = d.startMany(spec.NumReplicas)
+		d.replicas = d.startMany(startCtx, spec.NumReplicas)
+		if err := ctx.Err(); err != nil {
+			return fail(err)
+		}
 	default:
 		for range spec.NumReplicas {
-			r, err := d.newReplica(d.ctx, spec.UserConfig)
+			if err := ctx.Err(); err != nil {
+				return fail(err)
+			}
+			r, err := d.newReplica(startCtx, spec.UserConfig)
 			if err != nil {
 				return fail(err)
 			}

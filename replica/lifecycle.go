@@ -71,7 +71,7 @@ func (d *Deployment) newReplica(ctx context.Context, userConfig json.RawMessage)
 // at a time (each may take seconds to become healthy), and returns those
 // that started; the failures are logged and counted, for the starter to
 // retry.
-func (d *Deployment) startMany(n int) []Replica {
+func (d *Deployment) startMany(ctx context.Context, n int) []Replica {
 	got := make([]Replica, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -80,11 +80,14 @@ func (d *Deployment) startMany(n int) []Replica {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			got[i], errs[i] = d.newReplica(d.ctx, d.spec.UserConfig)
+			got[i], errs[i] = d.newReplica(ctx, d.spec.UserConfig)
 		})
 	}
 	wg.Wait()
 	got = slices.DeleteFunc(got, func(r Replica) bool { return r == nil })
+	if ctx.Err() != nil {
+		return got // cut short, not failed: the caller stops them
+	}
 	gaveUp := len(got) == 0 && n > 0 && d.countFailedRound()
 	msg := "starting a replica failed; retrying with backoff"
 	if gaveUp {
@@ -102,8 +105,8 @@ func (d *Deployment) startMany(n int) []Replica {
 }
 
 // connect builds the replicas of a target with spec.Connect.
-func (d *Deployment) connect(target string) ([]Replica, error) {
-	rs, err := d.spec.Connect(d.ctx, d.newID(), target, d.hooks.OnRelease)
+func (d *Deployment) connect(ctx context.Context, target string) ([]Replica, error) {
+	rs, err := d.spec.Connect(ctx, d.newID(), target, d.hooks.OnRelease)
 	if err != nil {
 		return nil, fmt.Errorf("application %q deployment %q: %w", d.spec.App, d.spec.Name, err)
 	}

@@ -28,7 +28,7 @@ func TestRetiredReplicaStopHasItsOwnGrace(t *testing.T) {
 		Start: func(ctx context.Context, id string, onRelease func()) (Replica, error) {
 			return &stopRecorder{Local: NewLocal(id, http.NotFoundHandler(), 2, onRelease), stopped: make(chan error, 1)}, nil
 		}}
-	d, err := NewDeployment(spec, Hooks{})
+	d, err := NewDeployment(context.Background(), spec, Hooks{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestNewDeploymentFailureClosesConnected(t *testing.T) {
 			return hc.Replicas(), nil
 		},
 		Targets: []string{addr, "127.0.0.1:1"}}
-	if _, err := NewDeployment(spec, Hooks{}); err == nil {
+	if _, err := NewDeployment(context.Background(), spec, Hooks{}); err == nil {
 		t.Fatal("NewDeployment with an unreachable host succeeded")
 	}
 	if len(conns) != 1 {
@@ -90,7 +90,7 @@ func TestScaleTenThousandAndBack(t *testing.T) {
 	spec := DeploymentSpec{App: "a", Name: "d", NumReplicas: 1, MaxOngoingRequests: 5,
 		GracefulShutdownTimeout: time.Second, HealthCheckTimeout: time.Second, HealthCheckPeriod: time.Hour,
 		Factory: func(json.RawMessage) (Handler, error) { return NewStatic(nil) }}
-	d, err := NewDeployment(spec, Hooks{})
+	d, err := NewDeployment(context.Background(), spec, Hooks{})
 	if err != nil {
 		t.Fatal(err)
 	}

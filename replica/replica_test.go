@@ -205,7 +205,7 @@ func TestDeploymentReplacesUnhealthyReplica(t *testing.T) {
 	var built atomic.Int32
 	var mu sync.Mutex
 	var snapshots [][]Handle
-	d, err := NewDeployment(DeploymentSpec{
+	d, err := NewDeployment(context.Background(), DeploymentSpec{
 		App: "app", Name: "dep", NumReplicas: 2, MaxOngoingRequests: 1,
 		HealthCheckPeriod: 5 * time.Millisecond, HealthCheckTimeout: time.Second, GracefulShutdownTimeout: time.Second,
 		Factory: func(json.RawMessage) (Handler, error) {

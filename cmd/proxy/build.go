@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -28,72 +29,103 @@ const firstResolveTimeout = 5 * time.Second
 
 // build turns the config into running parts: one proxy.Deployment per
 // deployment, grouped by application, and the discovery loops that feed
-// the deployments found in DNS (to run until the proxy stops).
-func build(cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.Logger) (_ []*proxy.Application, _ []func(context.Context), err error) {
-	var apps []*proxy.Application
-	var discoveries []func(context.Context)
-	defer func() {
-		if err != nil {
-			stopDeployments(apps, log) // those built before the error
-		}
-	}()
-	for _, a := range cfg.Applications {
-		app := &proxy.Application{Name: a.Name, RoutePrefix: a.RoutePrefix}
-		apps = append(apps, app)
-		for _, d := range a.Deployments {
-			spec := replica.DeploymentSpec{
-				App:                      a.Name,
-				Name:                     d.Name,
-				UserConfig:               d.UserConfig,
-				NumReplicas:              d.NumReplicas,
-				MaxOngoingRequests:       d.MaxOngoingRequests,
-				HealthCheckPeriod:        d.HealthCheckPeriod(),
-				HealthCheckTimeout:       d.HealthCheckTimeout(),
-				GracefulShutdownTimeout:  d.GracefulShutdownTimeout(),
-				MaxConstructorRetryCount: d.MaxConstructorRetryCount,
-			}
-			var (
-				dep  *proxy.Deployment // set below, before discovery runs
-				disc *replica.Discovery
-				err  error
-				// hostDep is dep for the replica hosts' connections,
-				// which may lose their host before dep is set;
-				// hostsBuilt is to be called once it is.
-				hostDep    atomic.Pointer[proxy.Deployment]
-				hostsBuilt func()
-			)
-			// The kinds' own lines (a replica's output, a host's
-			// connection) name the application too: two applications
-			// may have deployments of one name.
-			alog := log.With().Str("application", a.Name).Logger()
-			setTargets := discoveredTargets(func() *proxy.Deployment { return dep }, alog.With().Str("deployment", d.Name).Logger())
-			switch d.Handler {
-			case config.HandlerUpstream:
-				disc, err = upstreamSpec(&spec, d, e, alog, setTargets)
-			case config.HandlerCommand:
-				commandSpec(&spec, d, e, alog)
-			case config.HandlerHost:
-				hostsBuilt, disc, err = hostSpec(&spec, d, e, alog, &hostDep, setTargets)
-			default:
-				spec.Factory, err = reg.Lookup(d.Handler)
-			}
-			if err != nil {
-				return nil, nil, fmt.Errorf("application %q deployment %q: %w", a.Name, d.Name, err)
-			}
-			if dep, err = proxy.NewDeployment(spec, d.MaxQueuedRequests, log); err != nil {
-				return nil, nil, err
-			}
-			hostDep.Store(dep)
-			if hostsBuilt != nil {
-				hostsBuilt()
-			}
-			if disc != nil {
-				discoveries = append(discoveries, disc.Run)
-			}
-			app.Deployments = append(app.Deployments, dep)
+// the deployments found in DNS (to run until the proxy stops). The
+// deployments start at once, each on its own (one whose processes take
+// their health_check_timeout_s does not hold up the others); ctx ends
+// the starts early (a shutdown asked for meanwhile). On any error the
+// deployments started are stopped, and the error names every one that
+// failed.
+func build(ctx context.Context, cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.Logger) ([]*proxy.Application, []func(context.Context), error) {
+	type built struct {
+		dep  *proxy.Deployment
+		disc *replica.Discovery
+		err  error
+	}
+	results := make([][]built, len(cfg.Applications))
+	var wg sync.WaitGroup
+	for i, a := range cfg.Applications {
+		results[i] = make([]built, len(a.Deployments))
+		for j, d := range a.Deployments {
+			wg.Go(func() {
+				r := &results[i][j]
+				r.dep, r.disc, r.err = buildDeployment(ctx, a, d, e, reg, log)
+			})
 		}
 	}
+	wg.Wait()
+	var apps []*proxy.Application
+	var discoveries []func(context.Context)
+	var errs []error
+	for i, a := range cfg.Applications {
+		app := &proxy.Application{Name: a.Name, RoutePrefix: a.RoutePrefix}
+		apps = append(apps, app)
+		for _, r := range results[i] {
+			switch {
+			case r.err != nil:
+				errs = append(errs, r.err)
+			default:
+				app.Deployments = append(app.Deployments, r.dep)
+				if r.disc != nil {
+					discoveries = append(discoveries, r.disc.Run)
+				}
+			}
+		}
+	}
+	if err := cmp.Or(ctx.Err(), errors.Join(errs...)); err != nil {
+		stopDeployments(apps, log)
+		return nil, nil, err
+	}
 	return apps, discoveries, nil
+}
+
+// buildDeployment starts deployment d of application a.
+func buildDeployment(ctx context.Context, a config.Application, d config.Deployment, e config.Env, reg *replica.Registry, log zerolog.Logger) (_ *proxy.Deployment, _ *replica.Discovery, err error) {
+	spec := replica.DeploymentSpec{
+		App:                      a.Name,
+		Name:                     d.Name,
+		UserConfig:               d.UserConfig,
+		NumReplicas:              d.NumReplicas,
+		MaxOngoingRequests:       d.MaxOngoingRequests,
+		HealthCheckPeriod:        d.HealthCheckPeriod(),
+		HealthCheckTimeout:       d.HealthCheckTimeout(),
+		GracefulShutdownTimeout:  d.GracefulShutdownTimeout(),
+		MaxConstructorRetryCount: d.MaxConstructorRetryCount,
+	}
+	var (
+		dep  *proxy.Deployment // set below, before discovery runs
+		disc *replica.Discovery
+		// hostDep is dep for the replica hosts' connections, which may
+		// lose their host before dep is set; hostsBuilt is to be called
+		// once it is.
+		hostDep    atomic.Pointer[proxy.Deployment]
+		hostsBuilt func()
+	)
+	// The kinds' own lines (a replica's output, a host's connection) name
+	// the application too: two applications may have deployments of one
+	// name.
+	alog := log.With().Str("application", a.Name).Logger()
+	setTargets := discoveredTargets(func() *proxy.Deployment { return dep }, alog.With().Str("deployment", d.Name).Logger())
+	switch d.Handler {
+	case config.HandlerUpstream:
+		disc, err = upstreamSpec(&spec, d, e, alog, setTargets)
+	case config.HandlerCommand:
+		commandSpec(&spec, d, e, alog)
+	case config.HandlerHost:
+		hostsBuilt, disc, err = hostSpec(&spec, d, e, alog, &hostDep, setTargets)
+	default:
+		spec.Factory, err = reg.Lookup(d.Handler)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("application %q deployment %q: %w", a.Name, d.Name, err)
+	}
+	if dep, err = proxy.NewDeployment(ctx, spec, d.MaxQueuedRequests, log); err != nil {
+		return nil, nil, err
+	}
+	hostDep.Store(dep)
+	if hostsBuilt != nil {
+		hostsBuilt()
+	}
+	return dep, disc, nil
 }
 
 // stopDeployments stops the deployments of apps that never served (after

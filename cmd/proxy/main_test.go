@@ -189,20 +189,7 @@ func startProxy(t *testing.T, vars map[string]string, args ...string) *proc {
 // /-/healthz, for a proxy whose replicas are not all running.
 func launchProxy(t *testing.T, vars map[string]string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(proxyBin, args...)
-	cmd.Env = childEnv(vars)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{t: t, cmd: cmd, exited: make(chan struct{})}
-	serving := make(chan servingLine, 1)
-	go p.readStderr(stderr, serving)
-	t.Cleanup(p.stop)
-
+	p, serving := spawnProxy(t, vars, args...)
 	timer := time.NewTimer(startTimeout)
 	defer timer.Stop()
 	select {
@@ -217,6 +204,26 @@ func launchProxy(t *testing.T, vars map[string]string, args ...string) *proc {
 		t.Fatalf("serving line without addresses: http_addr %q, admin_addr %q", p.HTTPAddr, p.AdminAddr)
 	}
 	return p
+}
+
+// spawnProxy starts the proxy binary without waiting for it to serve; its
+// "serving" line comes on the channel.
+func spawnProxy(t *testing.T, vars map[string]string, args ...string) (*proc, <-chan servingLine) {
+	t.Helper()
+	cmd := exec.Command(proxyBin, args...)
+	cmd.Env = childEnv(vars)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{t: t, cmd: cmd, exited: make(chan struct{})}
+	serving := make(chan servingLine, 1)
+	go p.readStderr(stderr, serving)
+	t.Cleanup(p.stop)
+	return p, serving
 }
 
 // readStderr keeps every stderr line, hands the "serving" line over, and

@@ -1088,3 +1088,37 @@ func TestCommandPortArgument(t *testing.T) {
 		t.Fatalf("the replica started with $(PORT): %d %q", r.status, r.body)
 	}
 }
+
+// Deployments start side by side, and a SIGTERM during their start ends
+// the proxy at once, with their processes stopped, rather than after every
+// health_check_timeout_s in turn (found by an exploratory run: two
+// replicas that never answer kept the proxy closed, deaf to SIGTERM, for
+// twice the timeout).
+func TestSignalDuringStart(t *testing.T) {
+	path := writeConfig(t, `applications:
+  - name: a
+    route_prefix: /a
+    deployments:
+      - {name: a, handler: command, command: [sh, -c, "echo up; exec sleep 600"], health_check_timeout_s: 120}
+  - name: b
+    route_prefix: /b
+    deployments:
+      - {name: b, handler: command, command: [sh, -c, "echo up; exec sleep 600"], health_check_timeout_s: 120}
+`)
+	p, _ := spawnProxy(t, nil, "-config", path)
+	var pids []int
+	waitUntil(t, "both replica processes started", func() bool { pids = replicaPIDs(p); return len(pids) == 2 })
+	p.signal(syscall.SIGTERM)
+	code, ok := p.wait(30 * time.Second)
+	if !ok {
+		t.Fatal("the proxy did not exit within 30 s of SIGTERM during its start")
+	}
+	if code != 0 {
+		t.Errorf("exit code %d after SIGTERM during the start, want 0", code)
+	}
+	for _, pid := range pids {
+		if syscall.Kill(pid, 0) == nil {
+			t.Errorf("replica process %d runs on after the proxy stopped", pid)
+		}
+	}
+}

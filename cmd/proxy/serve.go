@@ -26,7 +26,11 @@ func httpAddr(cfg *config.Config) string {
 // serve runs the proxy until ctx is done. path is the config file, "" for
 // the built-in app.
 func serve(ctx context.Context, stopSignals func(), path string, cfg *config.Config, e config.Env, reg *replica.Registry, gc *gctune.Tuner, log zerolog.Logger, stderr io.Writer) error {
-	apps, discoveries, err := build(cfg, e, reg, log)
+	apps, discoveries, err := build(ctx, cfg, e, reg, log)
+	if err != nil && ctx.Err() != nil {
+		log.Info().Msg("shutdown asked for during the start; what had started is stopped")
+		return nil
+	}
 	if err != nil {
 		return err
 	}
