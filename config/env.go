@@ -295,6 +295,9 @@ func splitAddr(addr string) (host string, port int, err error) {
 	if err != nil || port < 0 || port > 65535 {
 		return "", 0, fmt.Errorf("invalid address %q: port must be a number between 0 and 65535", addr)
 	}
+	if !validHost(host) {
+		return "", 0, fmt.Errorf("invalid address %q: %q is not an IP address or a host name", addr, host)
+	}
 	return host, port, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
@@ -96,6 +97,9 @@ func (v *validator) config(c *Config) {
 }
 
 func (v *validator) httpOptions(o *HTTPOptions, p fieldPath) {
+	if !validHost(o.Host) {
+		v.report(p.child("host"), "must be an IP address or a host name, got %q", o.Host)
+	}
 	if o.Port < 0 || o.Port > 65535 {
 		v.report(p.child("port"), "must be between 0 and 65535, got %d", o.Port)
 	}
@@ -414,4 +418,30 @@ func (v *validator) seconds(p fieldPath, s float64, zeroOK bool) {
 func isJSONObject(b []byte) bool {
 	b = bytes.TrimSpace(b)
 	return len(b) > 0 && b[0] == '{' && json.Valid(b)
+}
+
+// validHost reports whether h can be listened on: empty (every
+// interface), an IP address, or a host name of letters, digits, hyphens
+// and dots.
+func validHost(h string) bool {
+	if h == "" {
+		return true
+	}
+	if _, err := netip.ParseAddr(h); err == nil {
+		return true
+	}
+	if len(h) > 253 {
+		return false
+	}
+	for label := range strings.SplitSeq(strings.TrimSuffix(h, "."), ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, c := range label {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+				return false
+			}
+		}
+	}
+	return true
 }

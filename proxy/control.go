@@ -265,8 +265,14 @@ func (p *Proxy) putNumReplicas(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), controlTimeout)
 	defer cancel()
 	err := d.Scale(ctx, *body.NumReplicas)
-	p.opts.Log.Info().Str("application", d.App()).Str("deployment", d.Name()).Int("num_replicas", *body.NumReplicas).
-		AnErr("error", err).Msg("num_replicas changed through the admin API")
+	ev, msg := p.opts.Log.Info(), "num_replicas changed through the admin API"
+	switch {
+	case errors.Is(err, replica.ErrStopped), errors.Is(err, replica.ErrFixedReplicas):
+		ev, msg = p.opts.Log.Warn(), "num_replicas change through the admin API refused; nothing changed"
+	case err != nil:
+		ev, msg = p.opts.Log.Error(), "num_replicas changed through the admin API, but starting a replica failed (retried with backoff)"
+	}
+	ev.Str("application", d.App()).Str("deployment", d.Name()).Int("num_replicas", *body.NumReplicas).AnErr("error", err).Msg(msg)
 	switch {
 	case errors.Is(err, replica.ErrStopped):
 		writeJSONError(w, http.StatusServiceUnavailable, err)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -353,6 +354,22 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 			}
 		}
 	}, nil, nil
+}
+
+// checkWorkingDir reports a working_dir that is not a directory there is
+// (at start it would read as the program missing).
+func checkWorkingDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	fi, err := os.Stat(dir)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%q: %v", dir, errors.Unwrap(err))
+	case !fi.IsDir():
+		return fmt.Errorf("%q is not a directory", dir)
+	}
+	return nil
 }
 
 // checkCommand reports a command whose program cannot be found, at -check

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -168,6 +169,10 @@ func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Confi
 				continue // forwarded, not in process: the config checked it
 			}
 			if d.Handler == config.HandlerCommand {
+				if err := checkWorkingDir(d.WorkingDir); err != nil && !failed[field+".working_dir"] {
+					found = append(found, fieldError(cfg, path, field+".working_dir", err))
+					continue
+				}
 				if err := checkCommand(d); err != nil && !failed[field+".command"] {
 					found = append(found, fieldError(cfg, path, field+".command", err))
 				}
@@ -198,7 +203,26 @@ func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Confi
 	if err := cfg.Validate(); err != nil {
 		return nil, splitErrors(err)
 	}
+	if err := listenClash(httpAddr(cfg), e.AdminAddr); err != nil {
+		return nil, []error{fieldError(cfg, path, "http_options.port", err)}
+	}
 	return cfg, nil
+}
+
+// listenClash reports an HTTP listener that would take the admin
+// listener's port (or the other way round): one of them would fail at
+// start.
+func listenClash(httpAddr, adminAddr string) error {
+	hh, hp, err1 := net.SplitHostPort(httpAddr)
+	ah, ap, err2 := net.SplitHostPort(adminAddr)
+	if err1 != nil || err2 != nil || hp != ap || hp == "0" {
+		return nil
+	}
+	unspecified := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	if hh == ah || unspecified(hh) || unspecified(ah) {
+		return fmt.Errorf("%s is the admin listener's port too (PROXY_ADMIN_ADDR %s): give them different ports", hp, adminAddr)
+	}
+	return nil
 }
 
 // fieldError names the field, and its line when the config knows it.

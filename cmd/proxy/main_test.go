@@ -903,3 +903,38 @@ func TestMaxQueuedRequests(t *testing.T) {
 		t.Errorf("%d answered 200 and %d shed with 503, want 2 and 1", ok, shed)
 	}
 }
+
+// Listen addresses that cannot work are config errors at -check, not
+// failures at start (found by an exploratory run).
+func TestCheckListenAddresses(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, yaml string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	app := "applications:\n  - name: a\n    deployments:\n      - {name: a, handler: static}\n"
+	for _, c := range []struct {
+		name string
+		vars map[string]string
+		file string
+		want string
+	}{
+		{"the admin port", map[string]string{"PROXY_ADMIN_ADDR": "127.0.0.1:21040", "PROXY_HTTP_ADDR": ""}, "http_options: {port: 21040}\n" + app,
+			"clash.yaml:1: http_options.port: 21040 is the admin listener's port too (PROXY_ADMIN_ADDR 127.0.0.1:21040)"},
+		{"the admin port on every interface", map[string]string{"PROXY_ADMIN_ADDR": "0.0.0.0:21041", "PROXY_HTTP_ADDR": ""}, "http_options: {port: 21041}\n" + app,
+			"http_options.port: 21041 is the admin listener's port too"},
+		{"a host that is no name", nil, "http_options: {host: \"not a host\"}\n" + app,
+			`http_options.host: must be an IP address or a host name, got "not a host"`},
+		{"an env host that is no name", map[string]string{"PROXY_HTTP_ADDR": "bad host:80"}, app,
+			`PROXY_HTTP_ADDR: invalid address "bad host:80": "bad host" is not an IP address or a host name`},
+	} {
+		path := write("clash.yaml", c.file)
+		res := runProxy(t, c.vars, "-check", "-config", path)
+		if res.code != exitInvalid || !strings.Contains(res.stderr, c.want) {
+			t.Errorf("%s: exit %d, stderr %q; want %d and %q", c.name, res.code, res.stderr, exitInvalid, c.want)
+		}
+	}
+}

@@ -669,7 +669,7 @@ func TestRemoteBadInput(t *testing.T) {
 		`:7: applications[0].deployments[0].upstreams[1]: must be an http:// or https:// URL, got "http//missing-colon"`,
 		`:7: applications[0].deployments[0].upstreams[2]: must be a URL, got "http://[::1"`,
 		`:13: applications[1].deployments[0].command: program "no-such-server-binary" not found on PATH`,
-		`:19: applications[2].deployments[0].command: program "./relative/missing"`,
+		`:20: applications[2].deployments[0].working_dir: "/nonexistent-dir": no such file or directory`,
 		`:26: applications[3].deployments[0].discovery: must be dns://name:port`,
 		`:33: applications[4].deployments[0].host_handler: unknown handler "nope"`,
 	}
