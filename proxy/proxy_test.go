@@ -752,7 +752,9 @@ func TestMetricsOfGoneReplicasPruned(t *testing.T) {
 			t.Fatalf("scrape %d within the grace lacks the gone replica's final request count", i)
 		}
 	}
-	// Past the grace, the next scrapes delete them. Bounded: 50 scrapes.
+	// Past the grace, and once its drain is done (a loaded machine may
+	// take a while), the next scrapes delete them. Bounded: 50 scrapes.
+	waitFor(t, "the gone replica drained", func() bool { return len(dep.Stats(ctx)) == 1 })
 	setGrace(0)
 	var m string
 	for range 50 {
