@@ -161,6 +161,9 @@ func ReadEnv(environ map[string]string) (Env, error) {
 	if e.MaxBodyBytes <= 0 {
 		check("MaxBodyBytes", fmt.Sprintf("must be > 0, got %d", e.MaxBodyBytes))
 	}
+	if e.Via != "" && !isToken(e.Via) {
+		check("Via", fmt.Sprintf("must be one token (letters, digits, and !#$%%&'*+-.^_`|~), got %q", e.Via))
+	}
 
 	var errs []error
 	t := reflect.TypeFor[Env]()
@@ -258,7 +261,7 @@ func parseDuration(v string) (any, error) {
 func parseBool(v string) (any, error) {
 	b, err := strconv.ParseBool(v)
 	if err != nil {
-		return nil, fmt.Errorf("invalid boolean %q (want true or false)", v)
+		return nil, fmt.Errorf("invalid boolean %q (want true or false; 1, 0, t and f are taken too)", v)
 	}
 	return b, nil
 }
@@ -336,4 +339,15 @@ func (p *Prefixes) UnmarshalText(b []byte) error {
 	}
 	*p = out
 	return nil
+}
+
+// isToken reports whether s is an HTTP token (RFC 9110, 5.6.2): what a
+// Via pseudonym must be.
+func isToken(s string) bool {
+	for _, c := range []byte(s) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return s != ""
 }

@@ -106,6 +106,8 @@ func TestReadEnvInvalid(t *testing.T) {
 		{"PROXY_MAX_HEADER_BYTES", "1MB5", "invalid byte size"},
 		{"PROXY_MAX_BODY_BYTES", "-1", "must not be negative"},
 		{"PROXY_MAX_BODY_BYTES", "10XB", `unknown unit "XB"`},
+		{"PROXY_VIA", "my proxy", `must be one token`},
+		{"PROXY_VIA", "a,b", `must be one token`},
 		{"PROXY_TRUSTED_PROXIES", "10.0.0.0/33", `"10.0.0.0/33" is not an IP prefix`},
 		{"PROXY_TRUSTED_PROXIES", "10.0.0.0/8,lb.internal", `"lb.internal" is not an IP address or prefix`},
 	}

@@ -127,7 +127,8 @@ func TestBuiltinConfigErrors(t *testing.T) {
 		wantErr string
 	}{
 		{"static unknown field", NewStatic, `{"bdy":"x"}`, `unknown field "bdy"`},
-		{"static bad status", NewStatic, `{"status":42}`, "status must be 100..999"},
+		{"static bad status", NewStatic, `{"status":42}`, "status must be 200..999"},
+		{"static interim status", NewStatic, `{"status":103}`, "status must be 200..999"},
 		{"static wrong type", NewStatic, `{"body":1}`, "static: user_config"},
 		{"sleep negative", NewSleep, `{"ms":-1}`, "ms must be >= 0"},
 		{"sleep unknown", NewSleep, `{"seconds":1}`, `unknown field "seconds"`},

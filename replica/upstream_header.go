@@ -129,10 +129,19 @@ func (u *Upstream) requestHeader(o *outgoing, r *http.Request) http.Header {
 		h["X-Forwarded-Host"] = o.xfh[:]
 	}
 	if u.via != "" {
-		prior := in["Via"]
-		h["Via"] = append(prior[:len(prior):len(prior)], u.via)
+		h["Via"] = []string{joinVia(in["Via"], u.via)}
 	}
 	return h
+}
+
+// joinVia is the Via list prior with this proxy's entry added, as one
+// value: a server that reads only one Via line (Python's http.server,
+// say) still sees the whole path.
+func joinVia(prior []string, via string) string {
+	if len(prior) == 0 {
+		return via
+	}
+	return strings.Join(prior, ", ") + ", " + via
 }
 
 // copyResponseHeader adds the replica's response header to dst (the
@@ -154,8 +163,7 @@ func (u *Upstream) copyResponseHeader(dst, src http.Header) {
 		}
 	}
 	if u.via != "" {
-		prior := dst["Via"]
-		dst["Via"] = append(prior[:len(prior):len(prior)], u.via)
+		dst["Via"] = []string{joinVia(dst["Via"], u.via)}
 	}
 }
 

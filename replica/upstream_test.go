@@ -322,7 +322,7 @@ func TestUpstreamForwardedHeaders(t *testing.T) {
 		{name: "untrusted IPv6 peer", remote: "[2001:dead::5]:443", xff: []string{"203.0.113.9"}, wantXFF: "2001:dead::5", wantProto: "http", wantHost: "front.test"},
 		{name: "TLS seen", remote: "192.0.2.7:1234", tls: true, wantXFF: "192.0.2.7", wantProto: "https", wantHost: "front.test"},
 		{name: "via", remote: "192.0.2.7:1234", via: []string{"1.0 fred"}, optVia: "serveproxy", wantXFF: "192.0.2.7", wantProto: "http", wantHost: "front.test",
-			wantVia: []string{"1.0 fred", "1.1 serveproxy"}},
+			wantVia: []string{"1.0 fred, 1.1 serveproxy"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := UpstreamOptions{TrustedProxies: trusted, Via: tc.optVia}
