@@ -261,6 +261,11 @@ func (d *Discovery) Run(ctx context.Context) {
 				d.opts.OnError(err)
 			}
 		case !known || retry || !slices.Equal(urls, last):
+			if len(urls) == 0 && (!known || len(last) > 0) {
+				// An answer, but a typo in the name looks the same: say so.
+				d.opts.Log.Warn().Str("discovery", d.target).
+					Msg("DNS discovery: the name has no records, or does not exist; no replicas until it has")
+			}
 			known, last = true, urls
 			retry = d.opts.OnChange(slices.Clone(urls)) != nil
 		}

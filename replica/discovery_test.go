@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/rs/zerolog"
 )
 
 // testZone is a DNS server on loopback whose records a test changes as it
@@ -140,11 +141,17 @@ func (z *testZone) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 
 // watchDiscovery runs a Discovery of target until the test ends and returns what it reports.
 func watchDiscovery(t *testing.T, target string, server string) (changes chan []string, errs chan error) {
+	return watchDiscoveryLog(t, target, server, zerolog.Nop())
+}
+
+// watchDiscoveryLog is watchDiscovery logging to log.
+func watchDiscoveryLog(t *testing.T, target string, server string, log zerolog.Logger) (changes chan []string, errs chan error) {
 	t.Helper()
 	changes = make(chan []string, 64)
 	errs = make(chan error, 64)
 	ctx, cancel := context.WithCancel(context.Background())
 	d, err := NewDiscovery(target, DiscoveryOptions{
+		Log:      log,
 		Server:   server,
 		Interval: 40 * time.Millisecond,
 		Timeout:  2 * time.Second,
@@ -245,8 +252,15 @@ func TestDiscoveryA(t *testing.T) {
 func TestDiscoveryFirstAnswerEmpty(t *testing.T) {
 	leakCheck(t)
 	z := startZone(t)
-	changes, _ := watchDiscovery(t, "dns://nothing.test.:80", z.addr)
+	logs := &processLog{}
+	changes, _ := watchDiscoveryLog(t, "dns://nothing.test.:80", z.addr, zerolog.New(logs))
 	wantSet(t, nextSet(t, changes)) // reported: "none" is an answer
+	// But not in silence: a typo in the name looks the same (found by an
+	// exploratory run). Said once, not at every resolution.
+	quiet(t, changes)
+	if n := strings.Count(logs.String(), "the name has no records, or does not exist"); n != 1 {
+		t.Errorf("the empty answer was logged %d times, want once:\n%s", n, logs.String())
+	}
 }
 
 func TestDiscoveryKeepsLastSetOnFailure(t *testing.T) {
