@@ -240,12 +240,15 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 		seen := make(map[string]int)
 		for i, u := range d.Upstreams {
 			up := p.child("upstreams").at(i)
+			// "http://h/base" and "http://h/base/" are one server, one
+			// replica.
+			key := strings.TrimRight(u, "/")
 			if msg := upstreamURLProblem(u); msg != "" {
-				v.report(up, "%s, got %q", msg, u)
-			} else if j, dup := seen[u]; dup {
+				v.report(up, "%s, got %q", msg, redactURL(u))
+			} else if j, dup := seen[key]; dup {
 				v.report(up, "duplicate upstream %q (also upstreams[%d])", u, j)
 			} else {
-				seen[u] = i
+				seen[key] = i
 			}
 		}
 		v.discovery(d, p)
@@ -343,6 +346,14 @@ func hostPortProblem(s string) string {
 		return "must have a port between 1 and 65535"
 	}
 	return ""
+}
+
+// redactURL is s with any password in it replaced, for an error message.
+func redactURL(s string) string {
+	if u, err := url.Parse(s); err == nil && u.User != nil {
+		return u.Redacted()
+	}
+	return s
 }
 
 // upstreamURLProblem returns what is wrong with an upstream's base URL, or "".

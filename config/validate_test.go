@@ -134,6 +134,8 @@ func TestParseErrors(t *testing.T) {
 		{"upstream query", kindDeployment("upstream", "        upstreams: ['http://a:1/?x=1']\n"), "applications[0].deployments[0].upstreams[0]", 6, "query"},
 		{"upstream bad port", kindDeployment("upstream", "        upstreams: ['http://a:0']\n"), "applications[0].deployments[0].upstreams[0]", 6, "port between 1 and 65535"},
 		{"upstream duplicate", kindDeployment("upstream", "        upstreams:\n          - http://a:1\n          - http://a:1\n"), "applications[0].deployments[0].upstreams[1]", 8, "duplicate upstream"},
+		{"upstream duplicate but a slash", kindDeployment("upstream", "        upstreams:\n          - http://a:1/base\n          - http://a:1/base/\n"), "applications[0].deployments[0].upstreams[1]", 8, "duplicate upstream"},
+		{"upstream password", kindDeployment("upstream", "        upstreams: ['http://user:pw@a:1']\n"), "applications[0].deployments[0].upstreams[0]", 6, `must not hold a user or password, got "http://user:xxxxx@a:1"`},
 		{"upstream num_replicas", kindDeployment("upstream", "        upstreams: [http://a:1]\n        num_replicas: 1\n"), "applications[0].deployments[0].num_replicas", 7, "each upstream (or discovered address) is one replica"},
 		{"upstream user_config", kindDeployment("upstream", "        upstreams: [http://a:1]\n        user_config: {a: 1}\n"), "applications[0].deployments[0].user_config", 7, "no reconfigure call"},
 		{"discovery no port", kindDeployment("upstream", "        discovery: dns://svc.local\n"), "applications[0].deployments[0].discovery", 6, "dns://name:port"},

@@ -24,8 +24,9 @@ const maxAdminBody = 1 << 20
 func (p *Proxy) requireToken(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if p.opts.AdminToken != "" {
-			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(p.opts.AdminToken)) != 1 {
+			// The scheme is case-insensitive (RFC 9110, 11.1).
+			scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+			if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimLeft(got, " ")), []byte(p.opts.AdminToken)) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="serveproxy admin"`)
 				writeJSONError(w, http.StatusUnauthorized, errors.New("this call needs Authorization: Bearer <PROXY_ADMIN_TOKEN>"))
 				return

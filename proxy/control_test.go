@@ -439,10 +439,10 @@ func TestReloadEndpoint(t *testing.T) {
 		calls.Add(1)
 		return ReloadResult{Config: "serve.yaml", Status: http.StatusConflict, Applied: []string{}, Problems: []string{"serve.yaml:3: applications[0].route_prefix: changed"}}
 	}}, testDeployment{app: "a", prefix: "/", factory: static("hi")})
-	post := func(token string) (int, string) {
+	post := func(auth string) (int, string) {
 		req, _ := http.NewRequest(http.MethodPost, tp.adminURL+"/-/reload", nil)
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -455,7 +455,16 @@ func TestReloadEndpoint(t *testing.T) {
 	if code, body := post(""); code != http.StatusUnauthorized || calls.Load() != 0 {
 		t.Errorf("POST /-/reload without the token = %d %s (%d reloads), want 401 and none", code, body, calls.Load())
 	}
-	if code, body := post("s3cret"); code != http.StatusConflict || !strings.Contains(body, "route_prefix: changed") || strings.Contains(body, `"status"`) {
+	if code, body := post("Bearer nope"); code != http.StatusUnauthorized {
+		t.Errorf("POST /-/reload with a wrong token = %d %s, want 401", code, body)
+	}
+	if code, body := post("Bearer s3cret"); code != http.StatusConflict || !strings.Contains(body, "route_prefix: changed") || strings.Contains(body, `"status"`) {
 		t.Errorf("POST /-/reload = %d %s, want the result's 409 and its problems", code, body)
+	}
+	if code, body := post("bearer s3cret"); code != http.StatusConflict { // the scheme is case-insensitive
+		t.Errorf("POST /-/reload with the scheme in lower case = %d %s, want it taken", code, body)
+	}
+	if calls.Load() != 2 {
+		t.Errorf("%d reloads, want 2", calls.Load())
 	}
 }

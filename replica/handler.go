@@ -92,7 +92,10 @@ func (r *Registry) Lookup(name string) (Factory, error) {
 	r.mu.RLock()
 	f, ok := r.factories[name]
 	r.mu.RUnlock()
-	if !ok {
+	switch {
+	case !ok && slices.Contains(reservedHandlers, name):
+		return nil, fmt.Errorf("handler %q runs replicas outside the process, not in it (in-process handlers: %v)", name, r.Names())
+	case !ok:
 		return nil, fmt.Errorf("unknown handler %q (registered: %v; and %q for replicas outside the process)", name, r.Names(), reservedHandlers)
 	}
 	return f, nil
