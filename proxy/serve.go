@@ -159,7 +159,7 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 			break
 		}
 		var unreachable *replica.UnreachableError
-		if errors.As(res.err, &unreachable) {
+		if errors.As(res.err, &unreachable) && unreachable.Down {
 			p.routeMeta[rt].deployment.ReportUnreachable(h)
 		}
 	}

@@ -1011,7 +1011,7 @@ func (r *hostReplica) Serve(w http.ResponseWriter, req *http.Request) error {
 	c := r.hc
 	cc, idx, err := c.pick(r.k)
 	if cc == nil {
-		return &UnreachableError{Replica: r.id, Err: err}
+		return &UnreachableError{Replica: r.id, Down: true, Err: err}
 	}
 	ctx := req.Context()
 
@@ -1116,7 +1116,7 @@ func (r *hostReplica) Serve(w http.ResponseWriter, req *http.Request) error {
 			return fmt.Errorf("replica %s: handler aborted the response: %w", r.id, http.ErrAbortHandler)
 		case errors.Is(err, ErrUnknownActor):
 			giveBack() // it ran nowhere
-			return &UnreachableError{Replica: r.id, Err: err}
+			return &UnreachableError{Replica: r.id, Down: true, Err: err}
 		}
 		return &ReplicaError{Replica: r.id, Err: err}
 	case frameResponse:

@@ -364,7 +364,7 @@ func (u *Upstream) roundTripError(r *http.Request, err error, untouched bool) er
 	isOp := errors.As(err, &op)
 	if isOp && op.Op == "dial" || isTLSFailure(err) {
 		// No connection, so nothing was sent.
-		return &UnreachableError{Replica: u.id, Sent: !untouched, Err: err}
+		return &UnreachableError{Replica: u.id, Sent: !untouched, Down: true, Err: err}
 	}
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 		return &TimeoutError{Replica: u.id, Err: err}

@@ -25,6 +25,11 @@ type UnreachableError struct {
 	// Sent is true when the request, or some of its body, may have reached
 	// the replica: then it must not be sent again elsewhere.
 	Sent bool
+	// Down is true when the replica could not be reached at all (a dial
+	// or TLS handshake failed, its host has no connection): it leaves
+	// routing until a health check passes. A failure on one connection
+	// (a kept-alive one the replica had closed) says nothing of the rest.
+	Down bool
 	Err  error
 }
 
