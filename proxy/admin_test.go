@@ -32,9 +32,20 @@ func newTuner(t *testing.T) *gctune.Tuner {
 
 func put(t *testing.T, url, body, token string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest("PUT", url, strings.NewReader(body))
+	auth := ""
 	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+		auth = "Bearer " + token
+	}
+	return call(t, http.MethodPut, url, body, auth)
+}
+
+// call sends an admin request with the Authorization header auth (none
+// if empty) and returns its status and body.
+func call(t *testing.T, method, url, body, auth string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -439,19 +439,7 @@ func TestReloadEndpoint(t *testing.T) {
 		calls.Add(1)
 		return ReloadResult{Config: "serve.yaml", Status: http.StatusConflict, Applied: []string{}, Problems: []string{"serve.yaml:3: applications[0].route_prefix: changed"}}
 	}}, testDeployment{app: "a", prefix: "/", factory: static("hi")})
-	post := func(auth string) (int, string) {
-		req, _ := http.NewRequest(http.MethodPost, tp.adminURL+"/-/reload", nil)
-		if auth != "" {
-			req.Header.Set("Authorization", auth)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	post := func(auth string) (int, string) { return call(t, http.MethodPost, tp.adminURL+"/-/reload", "", auth) }
 	if code, body := post(""); code != http.StatusUnauthorized || calls.Load() != 0 {
 		t.Errorf("POST /-/reload without the token = %d %s (%d reloads), want 401 and none", code, body, calls.Load())
 	}

@@ -379,21 +379,7 @@ func (d *Deployment) Stop(ctx context.Context) error {
 			err = r.Err
 		}
 	}
-	// The drain had ctx; stopping has its own grace periods (a process's
-	// SIGTERM wait), which ctx's end must not cut to a SIGKILL.
-	sctx := context.WithoutCancel(ctx)
-	var wg sync.WaitGroup
-	for _, r := range all {
-		r.SetState(StateStopped)
-		if s, ok := r.(Stopper); ok {
-			wg.Go(func() {
-				if e := s.Stop(sctx); e != nil {
-					d.log().Warn().Str("replica", r.ID()).Err(e).Msg("stopping a replica")
-				}
-			})
-		}
-	}
-	wg.Wait()
+	d.stopReplicas(ctx, all)
 	return err
 }
 

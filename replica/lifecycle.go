@@ -168,21 +168,7 @@ func (d *Deployment) retireLocked(olds ...Replica) {
 			d.log().Warn().Strs("replicas", busy).
 				Msg("replicas still busy at graceful_shutdown_timeout_s: stopped anyway")
 		}
-		// Not ctx: the drain may have spent it, and a process gets its
-		// own SIGTERM grace before SIGKILL (as in Stop).
-		sctx := context.WithoutCancel(ctx)
-		var stops sync.WaitGroup
-		for _, old := range batch {
-			old.SetState(StateStopped)
-			if s, ok := old.(Stopper); ok {
-				stops.Go(func() {
-					if err := s.Stop(sctx); err != nil {
-						d.log().Warn().Str("replica", old.ID()).Err(err).Msg("stopping a replica")
-					}
-				})
-			}
-		}
-		stops.Wait()
+		d.stopReplicas(ctx, batch)
 		done := make(map[Replica]bool, len(batch))
 		for _, old := range batch {
 			done[old] = true
@@ -198,6 +184,25 @@ func (d *Deployment) retireLocked(olds ...Replica) {
 		}
 		d.mu.Unlock()
 	}()
+}
+
+// stopReplicas stops rs at once, once drained. Not with ctx itself: the
+// drain may have spent it, and a process gets its own SIGTERM grace before
+// SIGKILL, which ctx's end must not cut short.
+func (d *Deployment) stopReplicas(ctx context.Context, rs []Replica) {
+	sctx := context.WithoutCancel(ctx)
+	var wg sync.WaitGroup
+	for _, r := range rs {
+		r.SetState(StateStopped)
+		if s, ok := r.(Stopper); ok {
+			wg.Go(func() {
+				if err := s.Stop(sctx); err != nil {
+					d.log().Warn().Str("replica", r.ID()).Err(err).Msg("stopping a replica")
+				}
+			})
+		}
+	}
+	wg.Wait()
 }
 
 // watchExitLocked replaces r as soon as it exits on its own, if it can (a
