@@ -234,7 +234,9 @@ func (h *Host) Shutdown(ctx context.Context) error {
 	}
 	h.mu.Lock()
 	for c := range h.conns {
-		_ = c.w.send(frameGoAway, 0, 0)
+		if c.goAway { // a proxy from before goaway would take it for a broken protocol
+			_ = c.w.send(frameGoAway, 0, 0)
+		}
 	}
 	h.mu.Unlock()
 	var err error
@@ -362,6 +364,10 @@ func (h *Host) handshake(nc net.Conn) (*hostSession, error) {
 	magic := r.take(len(hostMagic))
 	version := r.u16()
 	peerMax := int(r.u32())
+	var caps byte
+	if r.ok && r.off < len(body) {
+		caps = r.u8()
+	}
 	switch {
 	case typ != frameHello || !r.ok || string(magic) != hostMagic:
 		return nil, fmt.Errorf("%w: the first frame is not a serveproxy hello", ErrBadFrame)
@@ -382,6 +388,7 @@ func (h *Host) handshake(nc net.Conn) (*hostSession, error) {
 		fr:      fr,
 		w:       newFrameWriter(nc, peerMax),
 		remote:  nc.RemoteAddr().String(),
+		goAway:  caps&capGoAway != 0,
 		streams: make(map[uint32]*hostStream),
 		refs:    make(map[uint64][]byte),
 	}, nil
@@ -419,6 +426,7 @@ type hostSession struct {
 	fr     *frameReader
 	w      *frameWriter
 	remote string
+	goAway bool // the proxy takes goaway frames (its hello says so)
 
 	// mu guards streams and closed.
 	mu      sync.Mutex

@@ -23,7 +23,9 @@ package replica
 // the values of one name next to each other.
 //
 //	type         from   stream  body
-//	1  hello     proxy  0       magic "serveproxy-host", version uint16, max_frame uint32
+//	1  hello     proxy  0       magic "serveproxy-host", version uint16, max_frame uint32,
+//	                            capabilities uint8 (1: it takes goaway; absent from proxies
+//	                            before goaway, which hosts then close as before)
 //	1  hello     host   0       magic, version uint16, max_frame uint32, count uint16,
 //	                            count x (actor id str8, max_ongoing_requests uint32)
 //	2  request   proxy  req     actor uint16 (its index in the host's hello), method str8,
@@ -105,6 +107,8 @@ import (
 const (
 	hostMagic           = "serveproxy-host"
 	hostProtocolVersion = 1
+	// capGoAway, in a proxy's hello, says that it takes goaway frames.
+	capGoAway = 1
 
 	frameHeaderLen = 10
 

@@ -260,6 +260,7 @@ func (c *HostConn) handshake(nc net.Conn) (*hostHello, *frameReader, error) {
 	b = append(b, hostMagic...)
 	b = binary.BigEndian.AppendUint16(b, hostProtocolVersion)
 	b = binary.BigEndian.AppendUint32(b, uint32(c.maxFrame))
+	b = append(b, capGoAway) // hosts before it ignore the byte
 	binary.BigEndian.PutUint32(b[at:], uint32(len(b)-at-frameHeaderLen))
 	if _, err := nc.Write(b); err != nil {
 		return nil, nil, fmt.Errorf("replica host %s: sending hello: %w", c.addr, err)
@@ -478,9 +479,11 @@ func (c *HostConn) call(ctx context.Context, method string, payload []byte, ref 
 	}
 	cc, _, err := c.pick(reps[0].k)
 	if cc == nil {
-		// Any live connection will do for the others.
+		// Any live connection will do for the others; not one whose host
+		// sent goaway (a health check passed there would put actors that
+		// cannot be reached back in routing).
 		for i := range c.links {
-			if l := c.links[i].Load(); l != nil && !l.dead.Load() {
+			if l := c.links[i].Load(); l != nil && !l.dead.Load() && !l.away.Load() {
 				cc = l
 				break
 			}
