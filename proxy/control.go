@@ -96,11 +96,12 @@ func deploymentHealth(replicas []replica.ReplicaStatus, want int) (status, messa
 		}
 	}
 	switch {
-	case healthy == 0:
-		return statusUnhealthy, fmt.Sprintf("no replica is healthy (%d wanted): requests get 503", want)
 	case len(failing) > 0:
+		// Failing, not yet out: a replica leaves routing after 3 checks.
 		return statusUnhealthy, fmt.Sprintf("%d of %d replicas failing health checks (%s): the deployment is UNHEALTHY until they recover",
 			len(failing), healthy+len(failing), strings.Join(failing, ", "))
+	case healthy == 0:
+		return statusUnhealthy, fmt.Sprintf("no replica is running (%d wanted): requests get 503", want)
 	case healthy < want:
 		return statusUpdating, fmt.Sprintf("%d of %d replicas running", healthy, want)
 	}

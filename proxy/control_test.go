@@ -423,8 +423,9 @@ func TestDeploymentHealth(t *testing.T) {
 		{"draining extra after a scale down", rs("ok", "ok", "draining"), 2, statusHealthy, ""},
 		{"scaling up", rs("ok"), 2, statusUpdating, "1 of 2 replicas running"},
 		{"one failing", rs("ok", "failing", "ok"), 3, statusUnhealthy, "1 of 3 replicas failing health checks (r1)"},
-		{"none healthy", rs("failing", "draining"), 2, statusUnhealthy, "no replica is healthy (2 wanted)"},
-		{"no replica at all", nil, 0, statusUnhealthy, "no replica is healthy (0 wanted)"},
+		{"the only one failing, still in routing", rs("failing", "draining"), 2, statusUnhealthy, "1 of 1 replicas failing health checks (r0)"},
+		{"none running", rs("draining"), 2, statusUnhealthy, "no replica is running (2 wanted): requests get 503"},
+		{"no replica at all", nil, 0, statusUnhealthy, "no replica is running (0 wanted)"},
 	} {
 		status, message := deploymentHealth(tc.replicas, tc.want)
 		if status != tc.status || !strings.Contains(message, tc.message) || (tc.message == "") != (message == "") {

@@ -56,6 +56,9 @@ type result struct {
 	// the connection must be cut so the client cannot take a truncated
 	// answer for a whole one.
 	abort bool
+	// cut is set when the proxy cut the request at the graceful shutdown
+	// timeout: its 503 is no error of the replica's.
+	cut bool
 }
 
 // serveApp is the request path of every application route.
@@ -79,7 +82,7 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	res := p.route(sw, r, start)
 	res.end = time.Now()
 	if res.status == StatusClientClosedRequest && p.cut.Load() {
-		res.status = http.StatusServiceUnavailable // see Proxy.cut
+		res.status, res.cut = http.StatusServiceUnavailable, true // see Proxy.cut
 	}
 	p.record(r, id, start, &res)
 	if res.abort {
@@ -245,7 +248,7 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 		replicaID = res.replica.ID()
 		ro := rs.metrics.replicas.get(replicaID)
 		ro.latency.Observe(float64(res.end.Sub(res.replicaStart)) / float64(time.Millisecond))
-		if res.status >= 500 {
+		if res.status >= 500 && !res.cut {
 			ro.errors.Inc()
 		}
 	}

@@ -147,11 +147,7 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 	// upstream's pool): nobody else holds them.
 	fail := func(err error) (*Deployment, error) {
 		d.cancel()
-		for _, r := range d.replicas {
-			if s, ok := r.(Stopper); ok {
-				_ = s.Stop(context.Background())
-			}
-		}
+		d.stopReplicas(context.Background(), d.replicas) // at once: each may have a SIGTERM grace
 		return nil, err
 	}
 	switch {

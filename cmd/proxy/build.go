@@ -135,13 +135,17 @@ func buildDeployment(ctx context.Context, a config.Application, d config.Deploym
 func stopDeployments(apps []*proxy.Application, log zerolog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	var wg sync.WaitGroup
 	for _, a := range apps {
 		for _, d := range a.Deployments {
-			if err := d.Stop(ctx); err != nil {
-				log.Warn().Str("application", a.Name).Str("deployment", d.Name()).Err(err).Msg("stopping after a startup error")
-			}
+			wg.Go(func() { // at once: each replica process may have a SIGTERM grace
+				if err := d.Stop(ctx); err != nil {
+					log.Warn().Str("application", a.Name).Str("deployment", d.Name()).Err(err).Msg("stopping after a startup error")
+				}
+			})
 		}
 	}
+	wg.Wait()
 }
 
 // discoveryReminder is how often a connect failure that persists is

@@ -115,7 +115,12 @@ func run(args []string, env map[string]string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := serve(ctx, stop, path, cfg, e, reg, gc, log, stderr); err != nil {
+	// SIGHUP reloads the file; one that comes during the start waits for
+	// it (rather than kill the proxy, Go's default).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	if err := serve(ctx, stop, hup, path, cfg, e, reg, gc, log, stderr); err != nil {
 		log.Error().Err(err).Msg("proxy failed")
 		return exitFailed
 	}

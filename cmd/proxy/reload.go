@@ -129,7 +129,12 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 		cctx, cancel := context.WithTimeout(ctx, reloadTimeout)
 		err := c.apply(cctx, c.dep)
 		cancel()
-		if err != nil {
+		var pending *startPendingError
+		switch {
+		case errors.As(err, &pending):
+			res.Applied = append(res.Applied, fmt.Sprintf("%s (some replicas not started yet, retried in the background: %v)", c.what, pending.err))
+			continue
+		case err != nil:
 			res.Failed = append(res.Failed, fmt.Sprintf("%s: %v", c.what, err))
 			continue
 		}
@@ -143,6 +148,12 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 	}
 	return res
 }
+
+// startPendingError is a scale that set num_replicas but could not start
+// every replica yet.
+type startPendingError struct{ err error }
+
+func (e *startPendingError) Error() string { return e.err.Error() }
 
 // liveFields are the deployment fields a reload changes in place.
 var liveFields = []string{"user_config", "num_replicas", "upstreams", "hosts"}
@@ -185,6 +196,11 @@ func (rl *reloader) plan(next *config.Config) (changes []change, restart []strin
 			for _, f := range changedFields(cd, nd, liveFields...) {
 				needs(df+"."+f, "changed")
 			}
+			if nd.Handler == config.HandlerHost && nd.NumReplicas != cd.NumReplicas {
+				// The hosts' actors per host: they read it when they
+				// start, and the proxy learns them when it connects.
+				needs(df+".num_replicas", "changed; the replica hosts read it when they start, and the proxy learns their actors when it connects: restart both")
+			}
 			if nd.Handler != cd.Handler {
 				continue // what is live differs too
 			}
@@ -208,7 +224,11 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 	spec := dep.Spec()
 	name := fmt.Sprintf("application %q deployment %q", spec.App, spec.Name)
 	var out []change
+	// The file cannot give these a user_config (the admin API can): what
+	// runs stays.
+	fileHasNone := nd.Handler == config.HandlerUpstream || nd.Handler == config.HandlerHost && nd.HostHandler == ""
 	switch same, err := sameJSON(spec.UserConfig, nd.UserConfig); {
+	case fileHasNone:
 	case err != nil:
 		return nil, fieldError(next, rl.path, df+".user_config", err).Error()
 	case same:
@@ -226,7 +246,15 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 	if dep.Replaces() && nd.NumReplicas != spec.NumReplicas {
 		n := nd.NumReplicas
 		out = append(out, change{dep: dep, what: fmt.Sprintf("%s: num_replicas from %d to %d", name, spec.NumReplicas, n),
-			apply: func(ctx context.Context, d *proxy.Deployment) error { return d.Scale(ctx, n) }})
+			apply: func(ctx context.Context, d *proxy.Deployment) error {
+				err := d.Scale(ctx, n)
+				if err != nil && !errors.Is(err, replica.ErrStopped) {
+					// num_replicas is n now: what did not start is retried
+					// in the background.
+					return &startPendingError{err}
+				}
+				return err
+			}})
 	}
 	if list := staticTargets(nd); list != nil && !slices.Equal(list, rl.targets[i][j]) {
 		field := "upstreams"

@@ -129,3 +129,44 @@ func TestReload(t *testing.T) {
 		t.Error("no log line says the reload was refused")
 	}
 }
+
+// Replica hosts' deployments: a user_config given through the admin API
+// (the file cannot hold one without host_handler) does not make every
+// later reload a 409; and num_replicas, which the hosts read, is refused
+// as taking a restart, not dropped in silence (both found by review).
+func TestReloadHostDeployments(t *testing.T) {
+	host := startReplicaHost(t, "-handler", "static", "-replicas", "2", "-user-config", `{"body":"hi"}`)
+	hosted := func(numReplicas int) string {
+		return `applications:
+  - name: hosts
+    route_prefix: /
+    deployments:
+      - {name: h, handler: host, hosts: ["` + host.addr + `"]}
+  - name: own
+    route_prefix: /own
+    deployments:
+      - name: o
+        handler: host
+        hosts: ["` + host.addr + `"]
+        host_handler: static
+        num_replicas: ` + itoa(numReplicas) + `
+`
+	}
+	path := writeConfig(t, hosted(2))
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 4)
+	req, _ := http.NewRequest(http.MethodPut, "http://"+p.AdminAddr+"/-/applications/hosts/deployments/h/user_config", strings.NewReader(`{"body":"changed"}`))
+	if r := do(t, c, req); r.status != http.StatusOK {
+		t.Fatalf("PUT user_config: %d %s", r.status, r.body)
+	}
+	if status, res := postReload(t, c, p); status != http.StatusOK || len(res.Applied) != 0 {
+		t.Errorf("reload of the same file after an admin user_config: %d %+v, want 200 and nothing changed", status, res)
+	}
+	if err := os.WriteFile(path, []byte(hosted(3)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	status, res := postReload(t, c, p)
+	if status != http.StatusConflict || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], "applications[1].deployments[0].num_replicas") {
+		t.Errorf("reload with the hosts' num_replicas changed: %d %+v, want 409 naming it", status, res)
+	}
+}

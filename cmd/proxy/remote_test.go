@@ -1108,6 +1108,12 @@ func TestSignalDuringStart(t *testing.T) {
 	p, _ := spawnProxy(t, nil, "-config", path)
 	var pids []int
 	waitUntil(t, "both replica processes started", func() bool { pids = replicaPIDs(p); return len(pids) == 2 })
+	// A SIGHUP meanwhile waits for the start (Go's default would end the
+	// proxy, leaving its replicas; found by review).
+	p.signal(syscall.SIGHUP)
+	if code, exited := p.wait(500 * time.Millisecond); exited {
+		t.Fatalf("SIGHUP during the start ended the proxy (exit %d)", code)
+	}
 	p.signal(syscall.SIGTERM)
 	code, ok := p.wait(30 * time.Second)
 	if !ok {

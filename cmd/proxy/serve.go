@@ -6,10 +6,8 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/signal"
 	"strconv"
 	"sync"
-	"syscall"
 
 	"github.com/rs/zerolog"
 
@@ -23,9 +21,9 @@ func httpAddr(cfg *config.Config) string {
 	return net.JoinHostPort(cfg.HTTPOptions.Host, strconv.Itoa(cfg.HTTPOptions.Port))
 }
 
-// serve runs the proxy until ctx is done. path is the config file, "" for
-// the built-in app.
-func serve(ctx context.Context, stopSignals func(), path string, cfg *config.Config, e config.Env, reg *replica.Registry, gc *gctune.Tuner, log zerolog.Logger, stderr io.Writer) error {
+// serve runs the proxy until ctx is done; hup delivers SIGHUP, a reload.
+// path is the config file, "" for the built-in app.
+func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path string, cfg *config.Config, e config.Env, reg *replica.Registry, gc *gctune.Tuner, log zerolog.Logger, stderr io.Writer) error {
 	apps, discoveries, err := build(ctx, cfg, e, reg, log)
 	if err != nil && ctx.Err() != nil {
 		log.Info().Msg("shutdown asked for during the start; what had started is stopped")
@@ -79,8 +77,6 @@ func serve(ctx context.Context, stopSignals func(), path string, cfg *config.Con
 		wg.Go(func() { run(dctx) })
 	}
 	// SIGHUP reloads the file, as POST /-/reload does, until shutdown.
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
 	wg.Go(func() {
 		for {
 			select {
@@ -91,7 +87,6 @@ func serve(ctx context.Context, stopSignals func(), path string, cfg *config.Con
 			}
 		}
 	})
-	defer signal.Stop(hup)
 	defer wg.Wait()
 	defer stopDiscovery()
 	serving = true
