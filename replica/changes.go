@@ -62,6 +62,7 @@ func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage
 		return results, fmt.Errorf("%w: %w", ErrRejected, firstErr)
 	}
 	d.mu.Lock()
+	var replace []Replica
 	for i, r := range results {
 		switch {
 		case r.Err == nil:
@@ -71,9 +72,10 @@ func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage
 			log.Error().Str("replica", r.Actor).Err(r.Err).Msg("replica failed to reconfigure: it keeps its old config (nothing here can replace it)")
 		default:
 			log.Error().Str("replica", r.Actor).Err(r.Err).Msg("replica failed to reconfigure: taken out of routing, to be replaced")
-			d.retireLocked(targets[i])
+			replace = append(replace, targets[i])
 		}
 	}
+	d.retireLocked(replace...) // one batch
 	d.mu.Unlock()
 	log.Info().Int("replicas", len(targets)).Int("failed", failed).Int("unknown", unknown).Msg("user_config reconfigured")
 	_ = d.topUpHeld(ctx) // a replacement that fails to start is logged and retried by the starter
