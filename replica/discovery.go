@@ -108,9 +108,14 @@ func NewDiscovery(target string, o DiscoveryOptions) (*Discovery, error) {
 	}
 	// The Go resolver in both cases, so that "no such name" reads the same
 	// whichever answers.
-	d.resolver = &net.Resolver{PreferGo: true}
+	//
+	// Each exchange is bounded by the timeout: the resolver keeps a lookup
+	// whose caller gave up running until the system's own timeout (5 s,
+	// twice), goroutines and sockets that a slow DNS server would pile up
+	// at every interval.
+	server := ""
 	if o.Server != "" {
-		server := o.Server
+		server = o.Server
 		if _, _, err := net.SplitHostPort(server); err != nil {
 			server = net.JoinHostPort(server, "53")
 		}
@@ -118,11 +123,19 @@ func NewDiscovery(target string, o DiscoveryOptions) (*Discovery, error) {
 			return nil, fmt.Errorf("discovery %q: bad DNS server %q", target, o.Server)
 		}
 		d.server = server
-		d.resolver.Dial = func(ctx context.Context, network, _ string) (net.Conn, error) {
-			var dialer net.Dialer
-			return dialer.DialContext(ctx, network, server)
-		}
 	}
+	timeout := d.timeout
+	d.resolver = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if server != "" {
+			addr = server
+		}
+		var dialer net.Dialer
+		c, err := dialer.DialContext(ctx, network, addr)
+		if err == nil {
+			_ = c.SetDeadline(time.Now().Add(timeout))
+		}
+		return c, err
+	}}
 	return d, nil
 }
 

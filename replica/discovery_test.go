@@ -154,7 +154,7 @@ func watchDiscoveryLog(t *testing.T, target string, server string, log zerolog.L
 		Log:      log,
 		Server:   server,
 		Interval: 40 * time.Millisecond,
-		Timeout:  2 * time.Second,
+		Timeout:  500 * time.Millisecond, // so that a lookup cut off by the test's end ends within goleak's retries
 		OnChange: func(urls []string) error {
 			select {
 			case changes <- urls:
