@@ -689,3 +689,26 @@ func TestHostConns(t *testing.T) {
 		t.Fatalf("%d control frames for one broadcast, want 1", n)
 	}
 }
+
+// With Via set, the proxy's entry follows the client's on one line, both
+// ways, as for upstreams.
+func TestHostVia(t *testing.T) {
+	noLeaks(t)
+	_, addr := startHost(t, HostConfig{Name: "via", Factory: factoryOf(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Via", "1.1 app")
+		_, _ = io.WriteString(w, strings.Join(r.Header.Values("Via"), "|"))
+	}), Replicas: 1, MaxOngoing: 4})
+	c := connect(t, addr, HostOptions{Via: "serveproxy"})
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	req.Header.Set("Via", "1.0 fred")
+	w, err := serveOn(t, c.Replicas()[0], req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := w.body.String(); got != "1.0 fred, 1.1 serveproxy" {
+		t.Errorf("request Via at the host = %q, want one line", got)
+	}
+	if got := w.h.Values("Via"); len(got) != 1 || got[0] != "1.1 app, 1.1 serveproxy" {
+		t.Errorf("response Via = %q, want one line", got)
+	}
+}

@@ -1344,10 +1344,7 @@ func (c *HostConn) appendRequestHeaders(b []byte, r *http.Request) ([]byte, erro
 		add("X-Forwarded-Host", r.Host)
 	}
 	if c.via != "" {
-		for _, v := range in["Via"] {
-			add("Via", v)
-		}
-		add("Via", c.via)
+		add("Via", joinVia(in["Via"], c.via))
 	}
 	if n > 0xffff {
 		return b[:at], errTooLong
@@ -1402,8 +1399,7 @@ func (c *HostConn) readResponseHead(dst http.Header, head []byte) (status, end i
 		start = i + 1
 	}
 	if c.via != "" {
-		prior := dst["Via"]
-		dst["Via"] = append(prior[:len(prior):len(prior)], c.via)
+		dst["Via"] = []string{joinVia(dst["Via"], c.via)}
 	}
 	return status, end, nil
 }
@@ -1435,7 +1431,6 @@ func (c *HostConn) copyResponseHeader(dst, src http.Header) {
 		}
 	}
 	if c.via != "" {
-		prior := dst["Via"]
-		dst["Via"] = append(prior[:len(prior):len(prior)], c.via)
+		dst["Via"] = []string{joinVia(dst["Via"], c.via)}
 	}
 }
