@@ -90,7 +90,7 @@ type Deployment struct {
 	spec     DeploymentSpec  // NumReplicas and UserConfig change live
 	replicas []Replica       // in routing order; the running ones take requests
 	retired  []Replica       // taken out of routing, finishing their requests
-	issued   map[string]bool // every replica id newID gave: never given twice
+	issued   map[string]bool // the ids newID gave that a replica may still have: never two at once
 	failures map[Replica]int // consecutive failed health checks
 	// excluded are replicas kept out of routing until a health check
 	// passes: unreachable, or (with Connect) unhealthy.

@@ -39,15 +39,27 @@ func (d *Deployment) newID() string {
 	}
 }
 
+// forgetID takes id out of those given, once no replica has it: a
+// deployment whose replicas crash and are replaced for months must not
+// keep every id it ever gave.
+func (d *Deployment) forgetID(id string) {
+	d.mu.Lock()
+	delete(d.issued, id)
+	d.mu.Unlock()
+}
+
 // newReplica builds a replica with spec.Start, or in process with the
 // user's factory; a panic in either is an error, not a crash.
 func (d *Deployment) newReplica(ctx context.Context, userConfig json.RawMessage) (r Replica, err error) {
+	id := d.newID()
 	defer func() {
 		if v := recover(); v != nil {
 			err = fmt.Errorf("application %q deployment %q: starting a replica panicked: %v", d.spec.App, d.spec.Name, v)
 		}
+		if err != nil {
+			d.forgetID(id) // a replica that never was
+		}
 	}()
-	id := d.newID()
 	if d.spec.Start != nil {
 		if d.spec.HealthCheckTimeout > 0 {
 			var cancel context.CancelFunc
@@ -106,8 +118,10 @@ func (d *Deployment) startMany(ctx context.Context, n int) []Replica {
 
 // connect builds the replicas of a target with spec.Connect.
 func (d *Deployment) connect(ctx context.Context, target string) ([]Replica, error) {
-	rs, err := d.spec.Connect(ctx, d.newID(), target, d.hooks.OnRelease)
+	id := d.newID()
+	rs, err := d.spec.Connect(ctx, id, target, d.hooks.OnRelease)
 	if err != nil {
+		d.forgetID(id)
 		return nil, fmt.Errorf("application %q deployment %q: %w", d.spec.App, d.spec.Name, err)
 	}
 	d.mu.Lock()
@@ -179,6 +193,7 @@ func (d *Deployment) retireLocked(olds ...Replica) {
 		if len(d.retired) != n {
 			for _, old := range batch {
 				delete(d.targets, old)
+				delete(d.issued, old.ID())
 			}
 			d.rebuildPoolLocked()
 		}
