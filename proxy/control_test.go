@@ -456,4 +456,8 @@ func TestReloadEndpoint(t *testing.T) {
 	if calls.Load() != 2 {
 		t.Errorf("%d reloads, want 2", calls.Load())
 	}
+	tp.SetDraining() // shutting down: nothing is reloaded (found by an exploratory run)
+	if code, body := post("Bearer s3cret"); code != http.StatusServiceUnavailable || !strings.Contains(body, "shutting down") || calls.Load() != 2 {
+		t.Errorf("POST /-/reload while draining = %d %s (%d reloads), want 503 and none", code, body, calls.Load())
+	}
 }

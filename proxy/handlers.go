@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/pprof"
 
@@ -69,6 +70,10 @@ func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 // leaving does not cut it short: a reload half done is worse than one
 // finished for nobody.
 func (p *Proxy) reload(w http.ResponseWriter, r *http.Request) {
+	if p.Draining() {
+		writeJSONError(w, http.StatusServiceUnavailable, errors.New("the proxy is shutting down: nothing is reloaded"))
+		return
+	}
 	res := p.opts.Reload(context.WithoutCancel(r.Context()))
 	writeJSON(w, res.Status, res)
 }

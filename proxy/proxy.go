@@ -220,6 +220,10 @@ func (p *Proxy) Start() {
 // sending new traffic; requests are still served.
 func (p *Proxy) SetDraining() { p.draining.Store(true) }
 
+// Draining reports whether SetDraining was called: the proxy is shutting
+// down.
+func (p *Proxy) Draining() bool { return p.draining.Load() }
+
 // Ready reports whether the proxy should receive traffic: started, not
 // draining, and every deployment past its start (replica.Deployment
 // Settled: it has had a running replica, gave up starting them, or

@@ -339,6 +339,11 @@ func (d *Deployment) topUpHeld(ctx context.Context) error {
 	if d.spec.Connect != nil {
 		return nil // the targets give the replicas
 	}
+	// Stop cuts the starts short, whoever asked for them (a scale's ctx
+	// does not end at a shutdown).
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(d.ctx, cancel)()
 	log := d.log()
 	for {
 		d.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -108,5 +109,46 @@ func TestScaleTenThousandAndBack(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		t.Logf("Scale(%d): %v", n, time.Since(start))
+	}
+}
+
+// Stop cuts short the starts of a scale whose own context would go on
+// (an admin call's, a reload's): a shutdown during a scale-up of replicas
+// that never become healthy had waited for their health_check_timeout_s
+// (found by an exploratory run).
+func TestStopCutsAScaleShort(t *testing.T) {
+	var n atomic.Int32
+	spec := DeploymentSpec{App: "a", Name: "d", NumReplicas: 1, MaxOngoingRequests: 1,
+		GracefulShutdownTimeout: time.Second, HealthCheckTimeout: time.Minute, HealthCheckPeriod: time.Hour,
+		Start: func(ctx context.Context, id string, onRelease func()) (Replica, error) {
+			if n.Add(1) == 1 {
+				return NewLocal(id, http.NotFoundHandler(), 1, onRelease), nil
+			}
+			<-ctx.Done() // never healthy
+			return nil, ctx.Err()
+		}}
+	d, err := NewDeployment(context.Background(), spec, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	scaled := make(chan error, 1)
+	go func() { scaled <- d.Scale(context.Background(), 3) }()
+	for n.Load() < 3 { // both new starts begun
+		time.Sleep(5 * time.Millisecond)
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := d.Stop(ctx); err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("Stop took %v during a scale whose starts wait a minute", took)
+	}
+	select {
+	case <-scaled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the scale did not return after Stop")
 	}
 }

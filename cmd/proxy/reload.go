@@ -199,7 +199,7 @@ func (rl *reloader) plan(next *config.Config) (changes []change, restart []strin
 			if nd.Handler == config.HandlerHost && nd.NumReplicas != cd.NumReplicas {
 				// The hosts' actors per host: they read it when they
 				// start, and the proxy learns them when it connects.
-				needs(df+".num_replicas", "changed; the replica hosts read it when they start, and the proxy learns their actors when it connects: restart both")
+				needs(df+".num_replicas", "changed; the replica hosts read it when they start, and the proxy learns their actors when it connects")
 			}
 			if nd.Handler != cd.Handler {
 				continue // what is live differs too
@@ -224,6 +224,17 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 	spec := dep.Spec()
 	name := fmt.Sprintf("application %q deployment %q", spec.App, spec.Name)
 	var out []change
+	// The targets first: replicas a new upstream or host brings get the
+	// reconfigure that follows.
+	if list := staticTargets(nd); list != nil && !sameTargets(list, rl.targets[i][j]) {
+		field := "upstreams"
+		if nd.Handler == config.HandlerHost {
+			field = "hosts"
+		}
+		out = append(out, change{dep: dep, what: fmt.Sprintf("%s: %s %v", name, field, list),
+			apply:    func(_ context.Context, d *proxy.Deployment) error { return d.SetTargets(list) },
+			setsList: func() { rl.targets[i][j] = list }})
+	}
 	// The file cannot give these a user_config (the admin API can): what
 	// runs stays.
 	fileHasNone := nd.Handler == config.HandlerUpstream || nd.Handler == config.HandlerHost && nd.HostHandler == ""
@@ -256,16 +267,21 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 				return err
 			}})
 	}
-	if list := staticTargets(nd); list != nil && !slices.Equal(list, rl.targets[i][j]) {
-		field := "upstreams"
-		if nd.Handler == config.HandlerHost {
-			field = "hosts"
-		}
-		out = append(out, change{dep: dep, what: fmt.Sprintf("%s: %s %v", name, field, list),
-			apply:    func(_ context.Context, d *proxy.Deployment) error { return d.SetTargets(list) },
-			setsList: func() { rl.targets[i][j] = list }})
-	}
 	return out, ""
+}
+
+// sameTargets reports whether a and b list the same targets, in any order
+// and whatever a trailing slash.
+func sameTargets(a, b []string) bool {
+	norm := func(l []string) []string {
+		out := make([]string, len(l))
+		for i, t := range l {
+			out[i] = strings.TrimRight(t, "/")
+		}
+		slices.Sort(out)
+		return slices.Compact(out)
+	}
+	return slices.Equal(norm(a), norm(b))
 }
 
 // changedFields returns the YAML names of the exported fields of a and b,

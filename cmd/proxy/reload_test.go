@@ -104,6 +104,11 @@ func TestReload(t *testing.T) {
 	if status != http.StatusOK || len(res.Applied) != 0 {
 		t.Errorf("reload of an unchanged file: %d %+v, want 200 and nothing applied", status, res)
 	}
+	rewrite(reloadConfig("two", 3, []string{h2.addr + "/", h1.addr}, "")) // the same upstreams
+	status, res = postReload(t, c, p)
+	if status != http.StatusOK || len(res.Applied) != 0 {
+		t.Errorf("reload with the upstreams reordered: %d %+v, want 200 and nothing applied", status, res)
+	}
 
 	// A change that takes a restart: refused, nothing changed.
 	rewrite(reloadConfig("three", 3, []string{h1.addr}, "        max_ongoing_requests: 10\n"))

@@ -83,6 +83,10 @@ func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path s
 			case <-dctx.Done():
 				return
 			case <-hup:
+				if p.Draining() {
+					log.Warn().Msg("SIGHUP while shutting down: nothing is reloaded")
+					continue
+				}
 				rl.Reload(dctx)
 			}
 		}
