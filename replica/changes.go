@@ -208,7 +208,7 @@ func (d *Deployment) SetTargets(targets []string) error {
 		// A replica host that left and is back while its actors still
 		// drain brings their ids again: it is taken once they are done.
 		if slices.ContainsFunc(rs, func(r Replica) bool { return taken[r.ID()] }) {
-			errs[i] = fmt.Errorf("target %s: its replicas from before are still draining; it is taken once they are done", fresh[i])
+			errs[i] = fmt.Errorf("target %s: its replicas from before are still draining; it can be taken once they are done (discovery tries again at its next answer, a reload at the next reload)", fresh[i])
 			for _, r := range rs {
 				delete(d.targets, r)
 			}
