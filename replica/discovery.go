@@ -131,10 +131,16 @@ func NewDiscovery(target string, o DiscoveryOptions) (*Discovery, error) {
 		}
 		var dialer net.Dialer
 		c, err := dialer.DialContext(ctx, network, addr)
-		if err == nil {
-			_ = c.SetDeadline(time.Now().Add(timeout))
+		if err != nil {
+			return nil, err
 		}
-		return c, err
+		// The resolver sets its own deadline (the system's 5 s) after
+		// dialing: the bound must hold over it.
+		limit := time.Now().Add(timeout)
+		if u, ok := c.(*net.UDPConn); ok {
+			return &boundedUDPConn{u, limit}, nil // still a PacketConn: the resolver frames by that
+		}
+		return &boundedConn{c, limit}, nil
 	}}
 	return d, nil
 }
@@ -288,4 +294,42 @@ func (d *Discovery) Run(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// boundedConn is a DNS connection whose deadlines are never past limit.
+type boundedConn struct {
+	net.Conn
+	limit time.Time
+}
+
+func (c *boundedConn) SetDeadline(t time.Time) error { return c.Conn.SetDeadline(earliest(t, c.limit)) }
+func (c *boundedConn) SetReadDeadline(t time.Time) error {
+	return c.Conn.SetReadDeadline(earliest(t, c.limit))
+}
+func (c *boundedConn) SetWriteDeadline(t time.Time) error {
+	return c.Conn.SetWriteDeadline(earliest(t, c.limit))
+}
+
+// boundedUDPConn is boundedConn for UDP, which stays a net.PacketConn.
+type boundedUDPConn struct {
+	*net.UDPConn
+	limit time.Time
+}
+
+func (c *boundedUDPConn) SetDeadline(t time.Time) error {
+	return c.UDPConn.SetDeadline(earliest(t, c.limit))
+}
+func (c *boundedUDPConn) SetReadDeadline(t time.Time) error {
+	return c.UDPConn.SetReadDeadline(earliest(t, c.limit))
+}
+func (c *boundedUDPConn) SetWriteDeadline(t time.Time) error {
+	return c.UDPConn.SetWriteDeadline(earliest(t, c.limit))
+}
+
+// earliest is t, or limit if t is later or zero (no deadline).
+func earliest(t, limit time.Time) time.Time {
+	if t.IsZero() || t.After(limit) {
+		return limit
+	}
+	return t
 }
