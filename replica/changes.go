@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -63,20 +64,36 @@ func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage
 	}
 	d.mu.Lock()
 	var replace []Replica
+	excluded, synced := false, false
 	for i, r := range results {
 		switch {
 		case r.Err == nil:
+			if d.unsync[targets[i]] {
+				delete(d.unsync, targets[i]) // it has the config that stands
+				synced = true
+			}
 		case ctx.Err() != nil && errors.Is(r.Err, ctx.Err()):
 			log.Warn().Str("replica", r.Actor).Msg("replica did not answer its reconfigure in time: it may apply it later")
 		case !d.Replaces():
-			log.Error().Str("replica", r.Actor).Err(r.Err).Msg("replica failed to reconfigure: it keeps its old config (nothing here can replace it)")
+			// Nothing here can start another: it stays out of routing,
+			// and the health loop tries again.
+			log.Error().Str("replica", r.Actor).Err(r.Err).Msg("replica failed to reconfigure: out of routing until it takes the user_config (tried again at each health check)")
+			d.unsync[targets[i]] = true
+			d.excluded[targets[i]] = true
+			excluded = true
 		default:
 			log.Error().Str("replica", r.Actor).Err(r.Err).Msg("replica failed to reconfigure: taken out of routing, to be replaced")
 			replace = append(replace, targets[i])
 		}
 	}
+	if excluded {
+		d.publishLocked()
+	}
 	d.retireLocked(replace...) // one batch
 	d.mu.Unlock()
+	if synced {
+		d.CheckHealthNow() // brings back the replicas that waited for a config and took this one
+	}
 	log.Info().Int("replicas", len(targets)).Int("failed", failed).Int("unknown", unknown).Msg("user_config reconfigured")
 	_ = d.topUpHeld(ctx) // a replacement that fails to start is logged and retried by the starter
 	return results, nil
@@ -197,8 +214,7 @@ func (d *Deployment) SetTargets(targets []string) error {
 	}
 	wg.Wait()
 
-	var clashed []Replica
-	added := 0
+	var clashed, joining []Replica
 	d.mu.Lock()
 	taken := make(map[string]bool, len(d.replicas)+len(d.retired))
 	for _, r := range slices.Concat(d.replicas, d.retired) {
@@ -215,13 +231,24 @@ func (d *Deployment) SetTargets(targets []string) error {
 			clashed = append(clashed, rs...)
 			continue
 		}
-		for _, r := range rs {
-			r.SetState(StateRunning)
-			d.replicas = append(d.replicas, r)
-			log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica added by discovery")
-		}
-		added += len(rs)
+		joining = append(joining, rs...)
 	}
+	reconfigured := !bytes.Equal(d.spec.UserConfig, d.startConfig)
+	d.mu.Unlock()
+	if reconfigured {
+		// Before they take requests: a replica host that joins serves the
+		// user_config it was started with, which is not the deployment's
+		// any more.
+		d.giveUserConfig(d.ctx, joining, "joining")
+	}
+
+	d.mu.Lock()
+	for _, r := range joining {
+		r.SetState(StateRunning)
+		d.replicas = append(d.replicas, r)
+		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica added by discovery")
+	}
+	added := len(joining)
 	if added > 0 {
 		d.spec.NumReplicas = len(d.replicas)
 		d.rebuildPoolLocked()
@@ -283,4 +310,100 @@ func (d *Deployment) ReportUnreachable(h Handle) {
 		d.log().Warn().Str("replica", r.ID()).Msg("replica unreachable: out of routing until a health check passes")
 		return
 	}
+}
+
+// Reconnected tells the deployment that rs, the actors of a replica host
+// that was unreachable, can be reached again. A host that was restarted
+// holds the user_config it was started with, not the one the deployment
+// was reconfigured with since: if the two differ, rs stay out of routing
+// until the health loop has given them the deployment's; then a health
+// check brings them back. It does not wait.
+func (d *Deployment) Reconnected(rs []Replica) {
+	d.mu.Lock()
+	if !bytes.Equal(d.spec.UserConfig, d.startConfig) {
+		in := make(map[Replica]bool, len(d.replicas))
+		for _, r := range d.replicas {
+			in[r] = true
+		}
+		changed := false
+		for _, r := range rs {
+			if in[r] {
+				d.unsync[r] = true
+				changed = changed || !d.excluded[r]
+				d.excluded[r] = true
+			}
+		}
+		if changed {
+			d.publishLocked()
+		}
+	}
+	d.mu.Unlock()
+	d.CheckHealthNow()
+}
+
+// syncReconnected gives the replicas waiting for the deployment's
+// user_config (a host back from an outage, or one that failed a
+// reconfigure) the current one. Those that take it are checked, and back
+// in routing, in the health round that follows; the others wait for the
+// next round's try.
+func (d *Deployment) syncReconnected(ctx context.Context) {
+	d.mu.Lock()
+	pending := len(d.unsync) > 0
+	d.mu.Unlock()
+	if !pending {
+		return
+	}
+	d.control.Lock() // no Reconfigure in between: rs get the config that stands
+	defer d.control.Unlock()
+	if d.stopped {
+		return
+	}
+	d.mu.Lock()
+	var rs []Replica
+	for _, r := range d.replicas {
+		if d.unsync[r] {
+			rs = append(rs, r)
+		}
+	}
+	d.mu.Unlock()
+	d.giveUserConfig(ctx, rs, "reconnected")
+}
+
+// giveUserConfig reconfigures rs, replicas that were not there for the
+// deployment's last reconfigure, with its user_config. It is the config
+// of replicas that join, and its error keeps one out of routing (tried
+// again at each health round): a replica host serves what it was started
+// with otherwise. rs are taken out of unsync once they took it. control
+// must be held.
+func (d *Deployment) giveUserConfig(ctx context.Context, rs []Replica, why string) {
+	if len(rs) == 0 {
+		return
+	}
+	d.mu.Lock()
+	userConfig := d.spec.UserConfig
+	d.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, d.spec.HealthCheckTimeout)
+	defer cancel()
+	actors := make([]Actor, len(rs))
+	for i, r := range rs {
+		actors[i] = r
+	}
+	results := NewPool(actors...).Broadcast(ctx, Call{Method: MethodReconfigure, Payload: userConfig})
+	log := d.log()
+	failed := 0
+	d.mu.Lock()
+	for i, res := range results {
+		r := rs[i]
+		if res.Err == nil {
+			delete(d.unsync, r)
+			continue
+		}
+		failed++
+		log.Error().Str("replica", r.ID()).Err(res.Err).Msg("replica did not take the deployment's user_config: out of routing until it does (tried again at each health check)")
+		d.unsync[r] = true
+		d.excluded[r] = true
+	}
+	d.publishLocked()
+	d.mu.Unlock()
+	log.Info().Str("replicas", why).Int("count", len(rs)).Int("failed", failed).Msg("user_config given to replicas that were not there for the last reconfigure")
 }

@@ -64,20 +64,112 @@ func TestReconfigureDeadlineIsNotRejection(t *testing.T) {
 	}
 }
 
-// A deployment of targets keeps a replica whose reconfigure failed:
-// nothing here could start another.
+// A deployment of targets keeps a replica whose reconfigure failed, as
+// nothing here could start another, but out of routing: it is given the
+// user_config again at each health round, and serves once it takes it.
 func TestReconfigureFailureKeepsTargets(t *testing.T) {
 	var n atomic.Int32
-	d := startDeployment(t, DeploymentSpec{Targets: []string{"a", "b"},
+	first := &toggleReconf{}
+	first.fail.Store(true)
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a", "b"}, HealthCheckPeriod: 20 * time.Millisecond,
 		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
-			return []Replica{NewLocal(id, &slowReconf{fail: n.Add(1) == 1}, 1, onRelease)}, nil
+			h := first
+			if n.Add(1) > 1 {
+				h = &toggleReconf{}
+			}
+			return []Replica{NewLocal(id, h, 1, onRelease)}, nil
 		}})
-	results, err := d.Reconfigure(context.Background(), json.RawMessage(`{}`))
+	results, err := d.Reconfigure(context.Background(), json.RawMessage(`{"v":2}`))
 	if err != nil || results[0].Err == nil || results[1].Err != nil {
 		t.Fatalf("Reconfigure = %+v, %v", results, err)
 	}
 	if d.Replaces() || len(d.Replicas()) != 2 {
 		t.Fatalf("replicas after a failed reconfigure: %d (Replaces %v), want 2 kept", len(d.Replicas()), d.Replaces())
+	}
+	time.Sleep(100 * time.Millisecond) // health rounds, whose checks pass
+	if got := d.Running(); got != 1 {
+		t.Fatalf("%d replicas routed while one holds an old user_config, want 1", got)
+	}
+	first.fail.Store(false)
+	deadline := time.Now().Add(10 * time.Second)
+	for d.Running() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the replica that took the user_config at a later round is not back in routing after 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got, _ := first.seen.Load().(string); got != `{"v":2}` {
+		t.Fatalf("the replica back in routing holds %q, want the deployment's user_config", got)
+	}
+}
+
+// toggleReconf is a handler whose Reconfigure fails while fail is set.
+type toggleReconf struct {
+	fail atomic.Bool
+	seen atomic.Value // the last user_config applied
+}
+
+func (*toggleReconf) ServeHTTP(http.ResponseWriter, *http.Request) {}
+func (s *toggleReconf) Reconfigure(_ context.Context, c json.RawMessage) error {
+	if s.fail.Load() {
+		return errors.New("no")
+	}
+	s.seen.Store(string(c))
+	return nil
+}
+
+// A replica host back from an outage, or new to the deployment, may hold
+// the user_config it was started with: once the deployment was
+// reconfigured, its actors take the deployment's before they take
+// requests.
+func TestJoiningReplicasGetTheUserConfig(t *testing.T) {
+	handlers := map[string]*toggleReconf{}
+	var mu sync.Mutex
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"}, HealthCheckPeriod: time.Hour, UserConfig: json.RawMessage(`{"v":1}`),
+		Connect: func(_ context.Context, _, target string, onRelease func()) ([]Replica, error) {
+			h := &toggleReconf{}
+			mu.Lock()
+			handlers[target] = h
+			mu.Unlock()
+			return []Replica{NewLocal(target+"/0", h, 1, onRelease)}, nil
+		}})
+	seen := func(target string) string {
+		mu.Lock()
+		defer mu.Unlock()
+		s, _ := handlers[target].seen.Load().(string)
+		return s
+	}
+	// Not reconfigured since the start: a joining one is left as it is.
+	if err := d.SetTargets([]string{"a", "b"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := seen("b"); got != "" {
+		t.Fatalf("a replica joining a deployment never reconfigured got %q, want nothing", got)
+	}
+	if _, err := d.Reconfigure(context.Background(), json.RawMessage(`{"v":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetTargets([]string{"a", "b", "c"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := seen("c"); got != `{"v":2}` || d.Running() != 3 {
+		t.Fatalf("a replica joining after a reconfigure holds %q (%d routed), want {\"v\":2} and 3", got, d.Running())
+	}
+
+	// A host back from an outage: out of routing until it has the config.
+	a := d.Replicas()[0]
+	handlers["a"].seen.Store("")
+	d.ReportUnreachable(a)
+	d.Reconnected([]Replica{a})
+	deadline := time.Now().Add(10 * time.Second)
+	for d.Running() != 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("a reconnected replica is not back in routing after 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := seen("a"); got != `{"v":2}` {
+		t.Fatalf("the reconnected replica holds %q, want the deployment's user_config", got)
 	}
 }
 

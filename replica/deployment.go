@@ -99,6 +99,13 @@ type Deployment struct {
 	// check begun before it cannot bring the replica back.
 	unreachableAt map[Replica]time.Time
 	targets       map[Replica]string // each replica's target, with Connect
+	// startConfig is the user_config the deployment started with, which
+	// replica hosts started from the same file (or flags) hold too; unsync
+	// are replicas of a host back from an outage that are to be given the
+	// deployment's user_config, if it differs, before they take requests
+	// again (see Reconnected).
+	startConfig json.RawMessage
+	unsync      map[Replica]bool
 	// unconnected are the targets of the last SetTargets it could not
 	// connect to, with why.
 	unconnected []TargetError
@@ -136,6 +143,7 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 		spec: spec, hooks: hooks,
 		failures: make(map[Replica]int), excluded: make(map[Replica]bool), targets: make(map[Replica]string),
 		unreachableAt: make(map[Replica]time.Time),
+		startConfig:   spec.UserConfig, unsync: make(map[Replica]bool),
 		wake:          make(chan struct{}, 1),
 		checkNow:      make(chan struct{}, 1),
 	}

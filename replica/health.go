@@ -19,9 +19,11 @@ func (d *Deployment) healthLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			d.syncReconnected(ctx)
 			d.checkHealth(ctx)
 			d.kick() // and retry starts that failed
 		case <-d.checkNow:
+			d.syncReconnected(ctx)
 			d.checkHealth(ctx)
 		}
 	}
@@ -51,7 +53,9 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 	d.mu.Lock()
 	var targets []Replica
 	for _, l := range d.replicas {
-		if l.State() == StateRunning {
+		// One still to be given the user_config stays out of routing,
+		// which a passing check would end.
+		if l.State() == StateRunning && !d.unsync[l] {
 			targets = append(targets, l)
 		}
 	}

@@ -150,6 +150,7 @@ func (d *Deployment) retireLocked(olds ...Replica) {
 		delete(d.failures, old)
 		delete(d.excluded, old)
 		delete(d.unreachableAt, old)
+		delete(d.unsync, old)
 		d.retired = append(d.retired, old)
 		batch = append(batch, old)
 	}

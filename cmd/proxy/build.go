@@ -325,8 +325,8 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 				dd := dep.Load()
 				switch {
 				case dd == nil:
-				case up:
-					dd.CheckHealthNow()
+				case up: // given the user_config if it changed, then checked
+					dd.Reconnected(hc.Replicas())
 				default:
 					outOfRouting(dd, hc)
 				}

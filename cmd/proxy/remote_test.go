@@ -886,6 +886,63 @@ func TestReplicaHostGoneThenBack(t *testing.T) {
 	t.Logf("serving again %v after the host was started again", time.Since(start).Round(time.Millisecond))
 }
 
+// TestJoiningHostsGetTheUserConfig reconfigures a host deployment through
+// the admin API, then restarts its host, which comes back with its flags'
+// user_config, and adds a second host (flags alike) by reload: each serves
+// the deployment's user_config from its first request on.
+func TestJoiningHostsGetTheUserConfig(t *testing.T) {
+	args := []string{"-handler", "static", "-replicas", "2", "-user-config", `{"body":"hi"}`}
+	first := startReplicaHost(t, args...)
+	conf := func(hosts string) string {
+		return `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - {name: hi, handler: host, hosts: [` + hosts + `], health_check_period_s: 60}
+`
+	}
+	path := writeConfig(t, conf(`"`+first.addr+`"`))
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 4)
+	c.Timeout = 5 * time.Second
+	url := "http://" + p.HTTPAddr + "/"
+	if r := do(t, c, mustRequest(t, http.MethodPut, "http://"+p.AdminAddr+"/-/applications/hi/deployments/hi/user_config", `{"body":"v2"}`)); r.status != 200 {
+		t.Fatalf("PUT user_config = %d %s", r.status, r.body)
+	}
+	allV2 := func(when string) {
+		t.Helper()
+		for i := range 100 {
+			if r := get(t, c, url); r.status != 200 || r.body != "v2" {
+				t.Fatalf("request %d %s: %d %q, want 200 v2", i, when, r.status, r.body)
+			}
+		}
+	}
+	allV2("after the reconfigure")
+
+	_ = first.cmd.Process.Signal(syscall.SIGKILL)
+	startListening(t, replicaBin, append([]string{"-listen", first.addr}, args...)...)
+	waitUntil(t, "the restarted host serving", func() bool {
+		r := get(t, c, url)
+		if r.status == 200 && r.body != "v2" {
+			t.Fatalf("the restarted host's first answer: %q, want the deployment's v2", r.body)
+		}
+		return r.status == 200
+	})
+	allV2("from the restarted host")
+
+	second := startReplicaHost(t, args...)
+	if err := os.WriteFile(path, []byte(conf(`"`+first.addr+`", "`+second.addr+`"`)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if status, res := postReload(t, c, p); status != http.StatusOK || len(res.Applied) != 1 {
+		t.Fatalf("reload adding a host: %d %+v", status, res)
+	}
+	if n := len(getApplications(t, c, p).Applications[0].Deployments[0].Replicas); n != 4 {
+		t.Fatalf("%d replicas after the second host joined, want 4", n)
+	}
+	allV2("with a second host added by reload")
+}
+
 // TestReplicaHostDiscovery follows replica hosts through DNS (SRV records
 // from a real DNS server on loopback): a host in DNS that does not answer
 // yet is no reason to fail the start, and is connected once it answers; a
