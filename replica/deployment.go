@@ -144,8 +144,8 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 		failures: make(map[Replica]int), excluded: make(map[Replica]bool), targets: make(map[Replica]string),
 		unreachableAt: make(map[Replica]time.Time),
 		startConfig:   spec.UserConfig, unsync: make(map[Replica]bool),
-		wake:          make(chan struct{}, 1),
-		checkNow:      make(chan struct{}, 1),
+		wake:     make(chan struct{}, 1),
+		checkNow: make(chan struct{}, 1),
 	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	startCtx, cancelStart := context.WithCancel(d.ctx)
