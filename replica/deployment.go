@@ -140,12 +140,16 @@ type Deployment struct {
 // deployment itself lives until Stop.
 func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
 	d := &Deployment{
-		spec: spec, hooks: hooks,
-		failures: make(map[Replica]int), excluded: make(map[Replica]bool), targets: make(map[Replica]string),
+		spec:          spec,
+		hooks:         hooks,
+		failures:      make(map[Replica]int),
+		excluded:      make(map[Replica]bool),
 		unreachableAt: make(map[Replica]time.Time),
-		startConfig:   spec.UserConfig, unsync: make(map[Replica]bool),
-		wake:     make(chan struct{}, 1),
-		checkNow: make(chan struct{}, 1),
+		targets:       make(map[Replica]string),
+		startConfig:   spec.UserConfig,
+		unsync:        make(map[Replica]bool),
+		wake:          make(chan struct{}, 1),
+		checkNow:      make(chan struct{}, 1),
 	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	startCtx, cancelStart := context.WithCancel(d.ctx)
