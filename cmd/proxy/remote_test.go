@@ -1185,3 +1185,68 @@ func TestSignalDuringStart(t *testing.T) {
 		}
 	}
 }
+
+// TestStartAnswers503 starts a proxy whose replica process waits for a
+// file before it listens: meanwhile both ports answer 503 (with
+// Retry-After; /-/healthz says why), each on a connection closed after, and
+// once the replica is up the same ports serve. A second proxy on the
+// first's HTTP port fails before its replica process starts.
+func TestStartAnswers503(t *testing.T) {
+	dir := t.TempDir()
+	gate, ran := filepath.Join(dir, "go"), filepath.Join(dir, "ran")
+	conf := func(command string) string {
+		return writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: command
+        command: [sh, -c, '`+command+`']
+        env: [HISERVER=`+hiBin+`, GATE=`+gate+`, RAN=`+ran+`]
+        health_check_path: /
+        health_check_timeout_s: 60
+`)
+	}
+	p, serving := spawnProxy(t, nil, "-config", conf(`while [ ! -e "$GATE" ]; do sleep 0.05; done; exec "$HISERVER" -listen 127.0.0.1:$PORT`))
+	var addrs servingLine
+	waitUntil(t, "the listening line", func() bool {
+		for _, line := range p.stderrLines() {
+			if strings.Contains(line, `"message":"listening;`) {
+				return json.Unmarshal([]byte(line), &addrs) == nil
+			}
+		}
+		return false
+	})
+	c := newClient(t, 4)
+	for _, url := range []string{"http://" + addrs.HTTPAddr + "/", "http://" + addrs.HTTPAddr + "/-/healthz", "http://" + addrs.AdminAddr + "/-/healthz"} {
+		resp, err := c.Get(url)
+		if err != nil {
+			t.Fatalf("GET %s during the start: %v", url, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !resp.Close || !strings.Contains(string(body), "not running yet") {
+			t.Errorf("GET %s during the start: %d Retry-After %q close %v %q, want 503 with Retry-After on a closed connection", url, resp.StatusCode, resp.Header.Get("Retry-After"), resp.Close, body)
+		}
+	}
+
+	res := runProxy(t, map[string]string{"PROXY_HTTP_ADDR": addrs.HTTPAddr}, "-config", conf(`touch "$RAN"; exec sleep 600`))
+	if res.code != 1 || !strings.Contains(res.stderr, "http listener") || !strings.Contains(res.stderr, "address already in use") {
+		t.Errorf("a proxy on a port in use: exit %d, want 1 naming the listener\n%s", res.code, res.stderr)
+	}
+	if _, err := os.Stat(ran); err == nil {
+		t.Error("a proxy whose port is in use started its replica process")
+	}
+
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-serving:
+	case <-time.After(startTimeout):
+		t.Fatal("not serving after the replica started")
+	}
+	if r := get(t, c, "http://"+addrs.HTTPAddr+"/"); r.status != 200 || r.body != "hi" {
+		t.Fatalf("GET / once serving: %d %q", r.status, r.body)
+	}
+}

@@ -24,7 +24,29 @@ func httpAddr(cfg *config.Config) string {
 // serve runs the proxy until ctx is done; hup delivers SIGHUP, a reload.
 // path is the config file, "" for the built-in app.
 func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path string, cfg *config.Config, e config.Env, reg *replica.Registry, gc *gctune.Tuner, log zerolog.Logger, stderr io.Writer) error {
+	// The ports first: one in use fails the proxy before any replica
+	// process starts, and during the start they answer 503.
+	public, err := net.Listen("tcp", httpAddr(cfg))
+	if err != nil {
+		return fmt.Errorf("http listener: %w", err)
+	}
+	admin, err := net.Listen("tcp", e.AdminAddr)
+	if err != nil {
+		public.Close()
+		return fmt.Errorf("admin listener (PROXY_ADMIN_ADDR): %w", err)
+	}
+	listening := true
+	defer func() {
+		if listening {
+			public.Close()
+			admin.Close()
+		}
+	}()
+	starting := serveStarting(log, e.ReadHeaderTimeout, int(e.MaxHeaderBytes), public, admin)
+	log.Info().Str("http_addr", public.Addr().String()).Str("admin_addr", admin.Addr().String()).
+		Msg("listening; answering 503 until the deployments' first starts are done")
 	apps, discoveries, err := build(ctx, cfg, e, reg, log)
+	starting.handBack()
 	if err != nil && ctx.Err() != nil {
 		log.Info().Msg("shutdown asked for during the start; what had started is stopped")
 		return nil
@@ -59,15 +81,6 @@ func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path s
 	if err != nil {
 		return err
 	}
-	public, err := net.Listen("tcp", httpAddr(cfg))
-	if err != nil {
-		return fmt.Errorf("http listener: %w", err)
-	}
-	admin, err := net.Listen("tcp", e.AdminAddr)
-	if err != nil {
-		public.Close()
-		return fmt.Errorf("admin listener (PROXY_ADMIN_ADDR): %w", err)
-	}
 	// Discovery feeds the upstream deployments' replica sets until the
 	// requests in flight are done (OnDrained), not just until the signal:
 	// the drain delay and the grace period still serve.
@@ -93,7 +106,7 @@ func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path s
 	})
 	defer wg.Wait()
 	defer stopDiscovery()
-	serving = true
+	serving, listening = true, false // Serve closes them
 	return p.Serve(ctx, public, admin, proxy.ServerOptions{
 		ReadHeaderTimeout: e.ReadHeaderTimeout,
 		KeepAliveTimeout:  cfg.HTTPOptions.KeepAliveTimeout(),
