@@ -66,7 +66,7 @@ type deploymentStatus struct {
 func deploymentStatusOf(ctx context.Context, d *Deployment) deploymentStatus {
 	spec := d.Spec()
 	replicas := d.Stats(ctx)
-	status, message := deploymentHealth(replicas, spec.NumReplicas)
+	status, message := deploymentHealth(replicas, spec.NumReplicas, d.GaveUp())
 	return deploymentStatus{
 		Name:               spec.Name,
 		Status:             status,
@@ -82,9 +82,9 @@ func deploymentStatusOf(ctx context.Context, d *Deployment) deploymentStatus {
 }
 
 // deploymentHealth is a deployment's status and, unless HEALTHY, why,
-// from its replicas' stats (the draining ones included) and the number
-// it wants.
-func deploymentHealth(replicas []replica.ReplicaStatus, want int) (status, message string) {
+// from its replicas' stats (the draining ones included), the number it
+// wants, and whether it gave up starting the missing ones.
+func deploymentHealth(replicas []replica.ReplicaStatus, want int, gaveUp bool) (status, message string) {
 	healthy := 0
 	var failing []string // in routing, and failing health checks
 	for _, r := range replicas {
@@ -102,6 +102,8 @@ func deploymentHealth(replicas []replica.ReplicaStatus, want int) (status, messa
 			len(failing), healthy+len(failing), strings.Join(failing, ", "))
 	case healthy == 0:
 		return statusUnhealthy, fmt.Sprintf("no replica is running (%d wanted): requests get 503", want)
+	case healthy < want && gaveUp:
+		return statusUnhealthy, fmt.Sprintf("%d of %d replicas running; starting the others failed max_constructor_retry_count rounds in a row: no more attempts until num_replicas is set again", healthy, want)
 	case healthy < want:
 		return statusUpdating, fmt.Sprintf("%d of %d replicas running", healthy, want)
 	}

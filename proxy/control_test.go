@@ -416,18 +416,20 @@ func TestDeploymentHealth(t *testing.T) {
 		name     string
 		replicas []replica.ReplicaStatus
 		want     int
+		gaveUp   bool
 		status   string
 		message  string
 	}{
-		{"all healthy", rs("ok", "ok"), 2, statusHealthy, ""},
-		{"draining extra after a scale down", rs("ok", "ok", "draining"), 2, statusHealthy, ""},
-		{"scaling up", rs("ok"), 2, statusUpdating, "1 of 2 replicas running"},
-		{"one failing", rs("ok", "failing", "ok"), 3, statusUnhealthy, "1 of 3 replicas failing health checks (r1)"},
-		{"the only one failing, still in routing", rs("failing", "draining"), 2, statusUnhealthy, "1 of 1 replicas failing health checks (r0)"},
-		{"none running", rs("draining"), 2, statusUnhealthy, "no replica is running (2 wanted): requests get 503"},
-		{"no replica at all", nil, 0, statusUnhealthy, "no replica is running (0 wanted)"},
+		{"all healthy", rs("ok", "ok"), 2, false, statusHealthy, ""},
+		{"draining extra after a scale down", rs("ok", "ok", "draining"), 2, false, statusHealthy, ""},
+		{"scaling up", rs("ok"), 2, false, statusUpdating, "1 of 2 replicas running"},
+		{"gave up starting the rest", rs("ok"), 3, true, statusUnhealthy, "1 of 3 replicas running; starting the others failed max_constructor_retry_count rounds"},
+		{"one failing", rs("ok", "failing", "ok"), 3, false, statusUnhealthy, "1 of 3 replicas failing health checks (r1)"},
+		{"the only one failing, still in routing", rs("failing", "draining"), 2, false, statusUnhealthy, "1 of 1 replicas failing health checks (r0)"},
+		{"none running", rs("draining"), 2, false, statusUnhealthy, "no replica is running (2 wanted): requests get 503"},
+		{"no replica at all", nil, 0, false, statusUnhealthy, "no replica is running (0 wanted)"},
 	} {
-		status, message := deploymentHealth(tc.replicas, tc.want)
+		status, message := deploymentHealth(tc.replicas, tc.want, tc.gaveUp)
 		if status != tc.status || !strings.Contains(message, tc.message) || (tc.message == "") != (message == "") {
 			t.Errorf("%s: %s %q, want %s %q", tc.name, status, message, tc.status, tc.message)
 		}

@@ -282,6 +282,15 @@ func (d *Deployment) publishLocked() {
 // taking the other applications out of a load balancer.
 func (d *Deployment) Settled() bool { return d.settled.Load() }
 
+// GaveUp reports whether the deployment stopped starting replicas after
+// MaxConstructorRetryCount rounds of starts in a row that started none,
+// until its num_replicas is set again.
+func (d *Deployment) GaveUp() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.gaveUp
+}
+
 // rebuildPoolLocked makes the pool hold replicas and retired again. d.mu
 // must be held.
 func (d *Deployment) rebuildPoolLocked() {
