@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/caarlos0/env/v11"
 )
@@ -161,6 +162,7 @@ func ReadEnv(environ map[string]string) (Env, error) {
 	if e.MaxBodyBytes <= 0 {
 		check("MaxBodyBytes", fmt.Sprintf("must be > 0, got %d", e.MaxBodyBytes))
 	}
+	check("AdminToken", adminTokenProblem(e.AdminToken))
 	if e.Via != "" && !isToken(e.Via) {
 		check("Via", fmt.Sprintf("must be one token (letters, digits, and !#$%%&'*+-.^_`|~), got %q", e.Via))
 	}
@@ -339,6 +341,19 @@ func (p *Prefixes) UnmarshalText(b []byte) error {
 	}
 	*p = out
 	return nil
+}
+
+// adminTokenProblem says why token could never be presented in an
+// Authorization header (which loses a value's surrounding whitespace and
+// cannot hold control characters), or "".
+func adminTokenProblem(token string) string {
+	switch {
+	case token != strings.TrimSpace(token):
+		return "begins or ends with whitespace, which no Authorization header can carry (a trailing newline from the file it was read from?)"
+	case strings.ContainsFunc(token, unicode.IsControl):
+		return "holds a control character, which no Authorization header can carry"
+	}
+	return ""
 }
 
 // isToken reports whether s is an HTTP token (RFC 9110, 5.6.2): what a

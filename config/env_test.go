@@ -108,6 +108,9 @@ func TestReadEnvInvalid(t *testing.T) {
 		{"PROXY_MAX_BODY_BYTES", "10XB", `unknown unit "XB"`},
 		{"PROXY_VIA", "my proxy", `must be one token`},
 		{"PROXY_VIA", "a,b", `must be one token`},
+		{"PROXY_ADMIN_TOKEN", "s3cret\n", "a trailing newline"},
+		{"PROXY_ADMIN_TOKEN", " s3cret", "begins or ends with whitespace"},
+		{"PROXY_ADMIN_TOKEN", "s3\x01cret", "control character"},
 		{"PROXY_TRUSTED_PROXIES", "10.0.0.0/33", `"10.0.0.0/33" is not an IP prefix`},
 		{"PROXY_TRUSTED_PROXIES", "10.0.0.0/8,lb.internal", `"lb.internal" is not an IP address or prefix`},
 	}
