@@ -237,12 +237,23 @@ func upstreamSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.En
 		return []replica.Replica{r}, nil
 	}
 	if d.Discovery == "" {
-		spec.Targets = d.Upstreams
+		spec.Targets = upstreamTargets(d.Upstreams)
 		return nil, nil
 	}
 	disc, targets, err := newDiscovery(d, false, log, setTargets)
 	spec.Targets = targets
 	return disc, err
+}
+
+// upstreamTargets are the deployment's targets for upstreams: the URLs
+// without a trailing slash, so that a list that gains or loses one keeps
+// the same replica for the same server.
+func upstreamTargets(upstreams []string) []string {
+	out := make([]string, len(upstreams))
+	for i, u := range upstreams {
+		out[i] = strings.TrimRight(u, "/")
+	}
+	return out
 }
 
 // commandSpec makes spec start d's command for each replica.

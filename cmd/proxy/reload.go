@@ -45,17 +45,25 @@ type reloader struct {
 	// targets are the upstreams or hosts lists last given to each
 	// deployment, by [application][deployment]; nil for discovery.
 	targets [][][]string
-	log     zerolog.Logger
+	// fileConfigs records, by [application][deployment], whether the
+	// file last applied gave the deployment a user_config: one it no
+	// longer gives is refused, but one it never gave leaves the admin
+	// API's in place.
+	fileConfigs [][]bool
+	log         zerolog.Logger
 }
 
 func newReloader(path string, e config.Env, reg *replica.Registry, running *config.Config, apps []*proxy.Application, log zerolog.Logger) *reloader {
 	rl := &reloader{path: path, env: e, reg: reg, running: running, apps: apps, log: log}
 	for _, a := range running.Applications {
 		var ts [][]string
+		var fc []bool
 		for _, d := range a.Deployments {
 			ts = append(ts, staticTargets(d))
+			fc = append(fc, d.UserConfig != nil)
 		}
 		rl.targets = append(rl.targets, ts)
+		rl.fileConfigs = append(rl.fileConfigs, fc)
 	}
 	return rl
 }
@@ -67,7 +75,7 @@ func staticTargets(d config.Deployment) []string {
 	case d.Discovery != "":
 		return nil
 	case d.Handler == config.HandlerUpstream:
-		return d.Upstreams
+		return upstreamTargets(d.Upstreams)
 	case d.Handler == config.HandlerHost:
 		return d.Hosts
 	}
@@ -76,10 +84,10 @@ func staticTargets(d config.Deployment) []string {
 
 // change is one live change a reload makes to a deployment.
 type change struct {
-	dep      *proxy.Deployment
-	what     string // for the result: `application "a" deployment "d": num_replicas from 1 to 3`
-	apply    func(context.Context, *proxy.Deployment) error
-	setsList func() // records a targets list once applied
+	dep     *proxy.Deployment
+	what    string // for the result: `application "a" deployment "d": num_replicas from 1 to 3`
+	apply   func(context.Context, *proxy.Deployment) error
+	applied func() // if not nil, records the change once made
 }
 
 // Reload reads the file, checks it, and makes the changes it asks for.
@@ -138,8 +146,8 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 			res.Failed = append(res.Failed, fmt.Sprintf("%s: %v", c.what, err))
 			continue
 		}
-		if c.setsList != nil {
-			c.setsList()
+		if c.applied != nil {
+			c.applied()
 		}
 		res.Applied = append(res.Applied, c.what)
 	}
@@ -232,12 +240,13 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 			field = "hosts"
 		}
 		out = append(out, change{dep: dep, what: fmt.Sprintf("%s: %s %v", name, field, list),
-			apply:    func(_ context.Context, d *proxy.Deployment) error { return d.SetTargets(list) },
-			setsList: func() { rl.targets[i][j] = list }})
+			apply:   func(_ context.Context, d *proxy.Deployment) error { return d.SetTargets(list) },
+			applied: func() { rl.targets[i][j] = list }})
 	}
-	// The file cannot give these a user_config (the admin API can): what
-	// runs stays.
-	fileHasNone := nd.Handler == config.HandlerUpstream || nd.Handler == config.HandlerHost && nd.HostHandler == ""
+	// The file cannot give these a user_config, or never gave this one
+	// any (the admin API can): what runs stays.
+	fileHasNone := nd.Handler == config.HandlerUpstream || nd.Handler == config.HandlerHost && nd.HostHandler == "" ||
+		nd.UserConfig == nil && !rl.fileConfigs[i][j]
 	switch same, err := sameJSON(spec.UserConfig, nd.UserConfig); {
 	case fileHasNone:
 	case err != nil:
@@ -252,7 +261,8 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 			apply: func(ctx context.Context, d *proxy.Deployment) error {
 				_, err := d.Reconfigure(ctx, uc)
 				return err
-			}})
+			},
+			applied: func() { rl.fileConfigs[i][j] = true }})
 	}
 	if dep.Replaces() && nd.NumReplicas != spec.NumReplicas {
 		n := nd.NumReplicas

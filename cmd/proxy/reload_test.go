@@ -109,6 +109,27 @@ func TestReload(t *testing.T) {
 	if status != http.StatusOK || len(res.Applied) != 0 {
 		t.Errorf("reload with the upstreams reordered: %d %+v, want 200 and nothing applied", status, res)
 	}
+	// Another upstream leaving keeps the replica of the one that stays,
+	// however its URL ends.
+	upIDs := func() map[string]string {
+		ids := map[string]string{}
+		for _, rep := range getApplications(t, c, p).Applications[1].Deployments[0].Replicas {
+			ids[strings.TrimRight(rep.Target, "/")] = rep.ID
+		}
+		return ids
+	}
+	before := upIDs()
+	rewrite(reloadConfig("two", 3, []string{h2.addr + "/"}, ""))
+	if status, res = postReload(t, c, p); status != http.StatusOK || len(res.Applied) != 1 {
+		t.Errorf("reload dropping an upstream: %d %+v", status, res)
+	}
+	if after := upIDs(); len(after) != 1 || after["http://"+h2.addr] != before["http://"+h2.addr] {
+		t.Errorf("upstream replicas %v after dropping the other, want %s's kept from %v", after, h2.addr, before)
+	}
+	rewrite(reloadConfig("two", 3, []string{h2.addr + "/", h1.addr}, ""))
+	if status, res = postReload(t, c, p); status != http.StatusOK || len(res.Applied) != 1 {
+		t.Errorf("reload adding the upstream back: %d %+v", status, res)
+	}
 
 	// A change that takes a restart: refused, nothing changed.
 	rewrite(reloadConfig("three", 3, []string{h1.addr}, "        max_ongoing_requests: 10\n"))
@@ -173,5 +194,49 @@ func TestReloadHostDeployments(t *testing.T) {
 	status, res := postReload(t, c, p)
 	if status != http.StatusConflict || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], "applications[1].deployments[0].num_replicas") {
 		t.Errorf("reload with the hosts' num_replicas changed: %d %+v, want 409 naming it", status, res)
+	}
+}
+
+// A user_config given through the admin API to a deployment whose file
+// has none stays through reloads of that file; one the file gives is
+// applied, and taking it out of the file again is refused.
+func TestReloadKeepsAdminUserConfig(t *testing.T) {
+	conf := func(extra string) string {
+		return `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: static
+` + extra
+	}
+	path := writeConfig(t, conf(""))
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 4)
+	if r := do(t, c, mustRequest(t, http.MethodPut, "http://"+p.AdminAddr+"/-/applications/hi/deployments/hi/user_config", `{"body":"admin"}`)); r.status != 200 {
+		t.Fatalf("PUT user_config: %d %s", r.status, r.body)
+	}
+	if status, res := postReload(t, c, p); status != http.StatusOK || len(res.Applied) != 0 {
+		t.Errorf("reload of the file without a user_config: %d %+v, want 200 and nothing changed", status, res)
+	}
+	if r := get(t, c, "http://"+p.HTTPAddr+"/"); r.body != "admin" {
+		t.Errorf("after the reload: %q, want the admin API's", r.body)
+	}
+	rewrite := func(yaml string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rewrite(conf("        user_config: {body: file}\n"))
+	if status, res := postReload(t, c, p); status != http.StatusOK || len(res.Applied) != 1 {
+		t.Errorf("reload giving a user_config: %d %+v, want it applied", status, res)
+	}
+	if r := get(t, c, "http://"+p.HTTPAddr+"/"); r.body != "file" {
+		t.Errorf("after the reload: %q, want the file's", r.body)
+	}
+	rewrite(conf(""))
+	if status, res := postReload(t, c, p); status != http.StatusConflict || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], "user_config: removed") {
+		t.Errorf("reload taking the user_config out of the file: %d %+v, want 409", status, res)
 	}
 }
