@@ -36,6 +36,19 @@ func (p *Proxy) requireToken(next http.Handler) http.Handler {
 	})
 }
 
+// refuseWhileDraining answers 503 to the calls that change deployments
+// once the proxy is shutting down: their replicas are being stopped, and
+// a scale would start new ones.
+func (p *Proxy) refuseWhileDraining(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p.Draining() {
+			writeJSONError(w, http.StatusServiceUnavailable, errors.New("the proxy is shutting down: nothing is changed"))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

@@ -462,4 +462,17 @@ func TestReloadEndpoint(t *testing.T) {
 	if code, body := post("Bearer s3cret"); code != http.StatusServiceUnavailable || !strings.Contains(body, "shutting down") || calls.Load() != 2 {
 		t.Errorf("POST /-/reload while draining = %d %s (%d reloads), want 503 and none", code, body, calls.Load())
 	}
+	// Nor is a deployment changed (a scale would start replicas).
+	for _, path := range []string{"num_replicas", "user_config"} {
+		body := `{"num_replicas": 4}`
+		if path == "user_config" {
+			body = `{"body": "x"}`
+		}
+		if code, out := call(t, http.MethodPut, tp.adminURL+"/-/applications/a/deployments/a-dep/"+path, body, "Bearer s3cret"); code != http.StatusServiceUnavailable || !strings.Contains(out, "shutting down") {
+			t.Errorf("PUT %s while draining = %d %s, want 503", path, code, out)
+		}
+	}
+	if n := len(tp.opts.Applications[0].Deployments[0].Replicas()); n != 1 {
+		t.Errorf("%d replicas after a scale while draining, want 1", n)
+	}
 }

@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/http/pprof"
 
@@ -48,10 +47,10 @@ func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 	r.Get("/-/healthz", p.healthz)
 	r.Get("/-/routes", p.routes)
 	r.Get("/-/applications", p.getApplications)
-	r.With(p.requireToken).Put("/-/applications/{app}/deployments/{deployment}/user_config", p.putUserConfig)
-	r.With(p.requireToken).Put("/-/applications/{app}/deployments/{deployment}/num_replicas", p.putNumReplicas)
+	r.With(p.requireToken, p.refuseWhileDraining).Put("/-/applications/{app}/deployments/{deployment}/user_config", p.putUserConfig)
+	r.With(p.requireToken, p.refuseWhileDraining).Put("/-/applications/{app}/deployments/{deployment}/num_replicas", p.putNumReplicas)
 	if p.opts.Reload != nil {
-		r.With(p.requireToken).Post("/-/reload", p.reload)
+		r.With(p.requireToken, p.refuseWhileDraining).Post("/-/reload", p.reload)
 	}
 	if p.opts.GC != nil {
 		r.Get("/-/gc", p.getGC)
@@ -70,10 +69,6 @@ func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 // leaving does not cut it short: a reload half done is worse than one
 // finished for nobody.
 func (p *Proxy) reload(w http.ResponseWriter, r *http.Request) {
-	if p.Draining() {
-		writeJSONError(w, http.StatusServiceUnavailable, errors.New("the proxy is shutting down: nothing is reloaded"))
-		return
-	}
 	res := p.opts.Reload(context.WithoutCancel(r.Context()))
 	writeJSON(w, res.Status, res)
 }
