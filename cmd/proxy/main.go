@@ -209,6 +209,9 @@ func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Confi
 		return nil, splitErrors(err)
 	}
 	if err := listenClash(httpAddr(cfg), e.AdminAddr); err != nil {
+		if e.HTTPAddr != "" { // the environment's, not the file's
+			return nil, []error{fmt.Errorf("environment: PROXY_HTTP_ADDR %s: %w", e.HTTPAddr, err)}
+		}
 		return nil, []error{fieldError(cfg, path, "http_options.port", err)}
 	}
 	return cfg, nil
@@ -224,7 +227,15 @@ func listenClash(httpAddr, adminAddr string) error {
 		return nil
 	}
 	unspecified := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
-	if hh == ah || unspecified(hh) || unspecified(ah) {
+	// localhost binds the loopback address (Go's resolver reads it from
+	// /etc/hosts, or answers it itself).
+	loopback := func(h string) string {
+		if h == "localhost" {
+			return "127.0.0.1"
+		}
+		return h
+	}
+	if loopback(hh) == loopback(ah) || unspecified(hh) || unspecified(ah) {
 		return fmt.Errorf("%s is the admin listener's port too (PROXY_ADMIN_ADDR %s): give them different ports", hp, adminAddr)
 	}
 	return nil
