@@ -161,12 +161,16 @@ func (s *Sleep) Reconfigure(_ context.Context, userConfig json.RawMessage) error
 	if err := decodeUserConfig("sleep", userConfig, &cfg); err != nil {
 		return err
 	}
-	if cfg.MS < 0 {
-		return fmt.Errorf("sleep: user_config: ms must be >= 0, got %v", cfg.MS)
+	if cfg.MS < 0 || cfg.MS > maxSleepMS {
+		return fmt.Errorf("sleep: user_config: ms must be 0 to %d (a day), got %v", maxSleepMS, cfg.MS)
 	}
 	s.cfg.Store(&cfg)
 	return nil
 }
+
+// maxSleepMS bounds sleep's ms: a day, far below where the delay's
+// time.Duration would overflow (and the sleep end at once).
+const maxSleepMS = 24 * 60 * 60 * 1000
 
 // ServeHTTP sleeps, then writes the body.
 func (s *Sleep) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -130,7 +130,8 @@ func TestBuiltinConfigErrors(t *testing.T) {
 		{"static bad status", NewStatic, `{"status":42}`, "status must be 200..999"},
 		{"static interim status", NewStatic, `{"status":103}`, "status must be 200..999"},
 		{"static wrong type", NewStatic, `{"body":1}`, "static: user_config"},
-		{"sleep negative", NewSleep, `{"ms":-1}`, "ms must be >= 0"},
+		{"sleep negative", NewSleep, `{"ms":-1}`, "ms must be 0 to 86400000 (a day), got -1"},
+		{"sleep past a day", NewSleep, `{"ms":1e13}`, "ms must be 0 to 86400000 (a day), got 1e+13"},
 		{"sleep unknown", NewSleep, `{"seconds":1}`, `unknown field "seconds"`},
 		{"echo takes none", NewEcho, `{"x":1}`, `unknown field "x"`},
 	}
