@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -180,13 +181,20 @@ func (rl *reloader) plan(next *config.Config) (changes []change, restart []strin
 		needs("applications", fmt.Sprintf("%d applications in the file, %d running", len(next.Applications), len(cur.Applications)))
 		return nil, restart
 	}
-	for i, na := range next.Applications {
-		ca := cur.Applications[i]
-		af := fmt.Sprintf("applications[%d]", i)
-		if na.Name != ca.Name {
-			needs(af+".name", fmt.Sprintf("%q, running %q", na.Name, ca.Name))
+	// Applications are known by name, as in Serve: their order in the
+	// file changes nothing.
+	running := make(map[string]int, len(cur.Applications))
+	for i, a := range cur.Applications {
+		running[a.Name] = i
+	}
+	for ni, na := range next.Applications {
+		af := fmt.Sprintf("applications[%d]", ni)
+		i, ok := running[na.Name]
+		if !ok {
+			needs(af+".name", fmt.Sprintf("%q is no application that runs (they are %s): adding, removing or renaming one", na.Name, appNames(cur)))
 			continue
 		}
+		ca := cur.Applications[i]
 		if na.RoutePrefix != ca.RoutePrefix {
 			needs(af+".route_prefix", fmt.Sprintf("%q, running %q", na.RoutePrefix, ca.RoutePrefix))
 		}
@@ -225,8 +233,17 @@ func (rl *reloader) plan(next *config.Config) (changes []change, restart []strin
 	return changes, nil
 }
 
-// deploymentChanges are the live changes that make deployment [i][j]
-// match nd, its entry in next (field df).
+// appNames lists c's application names, quoted.
+func appNames(c *config.Config) string {
+	names := make([]string, len(c.Applications))
+	for i, a := range c.Applications {
+		names[i] = strconv.Quote(a.Name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// deploymentChanges are the live changes that make running deployment
+// [i][j] match nd, its entry in next (field df).
 func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.Deployment, df string) ([]change, string) {
 	dep := rl.apps[i].Deployments[j]
 	spec := dep.Spec()

@@ -240,3 +240,38 @@ func TestReloadKeepsAdminUserConfig(t *testing.T) {
 		t.Errorf("reload taking the user_config out of the file: %d %+v, want 409", status, res)
 	}
 }
+
+// Applications are known by name: a file that lists them in another
+// order changes only what it changes in each, and a name no application
+// has takes a restart.
+func TestReloadAppsByName(t *testing.T) {
+	app := func(name, body string) string {
+		return `  - name: ` + name + `
+    route_prefix: /` + name + `
+    deployments:
+      - {name: d, handler: static, user_config: {body: ` + body + `}}
+`
+	}
+	path := writeConfig(t, "applications:\n"+app("a", "a1")+app("b", "b1"))
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 4)
+	rewrite := func(yaml string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rewrite("applications:\n" + app("b", "b2") + app("a", "a1"))
+	status, res := postReload(t, c, p)
+	if status != http.StatusOK || len(res.Applied) != 1 || !strings.Contains(res.Applied[0], `application "b"`) {
+		t.Errorf("reload with the applications reordered and b changed: %d %+v, want b's user_config applied", status, res)
+	}
+	if ra, rb := get(t, c, "http://"+p.HTTPAddr+"/a"), get(t, c, "http://"+p.HTTPAddr+"/b"); ra.body != "a1" || rb.body != "b2" {
+		t.Errorf("after the reload /a %q /b %q, want a1 b2", ra.body, rb.body)
+	}
+	rewrite("applications:\n" + app("b", "b2") + app("c", "a1"))
+	status, res = postReload(t, c, p)
+	if status != http.StatusConflict || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], `applications[1].name: "c" is no application that runs`) {
+		t.Errorf("reload renaming an application: %d %+v, want 409 naming it", status, res)
+	}
+}
