@@ -2,11 +2,13 @@ package proxy
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -156,7 +158,12 @@ func (p *Proxy) getApplications(w http.ResponseWriter, r *http.Request) {
 // lookupDeployment finds the deployment named by the URL, or answers 404
 // naming what exists.
 func (p *Proxy) lookupDeployment(w http.ResponseWriter, r *http.Request) (*Deployment, bool) {
-	appName, depName := chi.URLParam(r, "app"), chi.URLParam(r, "deployment")
+	appName, err1 := pathParam(r, "app")
+	depName, err2 := pathParam(r, "deployment")
+	if err := cmp.Or(err1, err2); err != nil {
+		writeJSONError(w, http.StatusBadRequest, err)
+		return nil, false
+	}
 	var apps []string
 	for _, app := range p.opts.Applications {
 		apps = append(apps, app.Name)
@@ -176,6 +183,21 @@ func (p *Proxy) lookupDeployment(w http.ResponseWriter, r *http.Request) (*Deplo
 	slices.Sort(apps)
 	writeJSONError(w, http.StatusNotFound, fmt.Errorf("no application %q (there are: %q)", appName, apps))
 	return nil, false
+}
+
+// pathParam is the URL parameter name, decoded: chi matches the escaped
+// path when it has escapes of its own (an application named "a/b" is
+// a%2Fb), and then gives the parameter as it was sent.
+func pathParam(r *http.Request, name string) (string, error) {
+	v := chi.URLParam(r, name)
+	if r.URL.RawPath == "" {
+		return v, nil // chi matched the decoded path
+	}
+	s, err := url.PathUnescape(v)
+	if err != nil {
+		return "", fmt.Errorf("%s %q: %v", name, v, err)
+	}
+	return s, nil
 }
 
 // callResult is one replica's answer to a control call, as JSON.

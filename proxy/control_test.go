@@ -310,6 +310,17 @@ func TestControlEndpointsBadInput(t *testing.T) {
 	}
 }
 
+// Names that need escaping in a path reach their deployments: chi
+// matches the escaped path when it has escapes of its own.
+func TestControlEscapedNames(t *testing.T) {
+	tp := startProxy(t, Options{}, testDeployment{app: "a/b", prefix: "/ab", factory: newStatic}, testDeployment{app: "50%", prefix: "/p", factory: newStatic})
+	for _, path := range []string{"a%2Fb/deployments/a%2Fb-dep", "50%25/deployments/50%25-dep"} {
+		if code, body := put(t, tp.adminURL+"/-/applications/"+path+"/num_replicas", `{"num_replicas": 2}`, ""); code != http.StatusOK {
+			t.Errorf("PUT %s/num_replicas = %d %s, want 200", path, code, body)
+		}
+	}
+}
+
 // sickly fails its health checks once sick is set.
 type sickly struct {
 	replica.Handler
