@@ -89,6 +89,12 @@ func (t *Tuner) apply(e config.Env, environ map[string]string) error {
 	defer t.mu.Unlock()
 	s := State{Tuning: e.GCTuning}
 	userGOGC, userLimit := environ["GOGC"] != "", environ["GOMEMLIMIT"] != ""
+	if v := environ["GOGC"]; userGOGC && v != "off" {
+		if _, err := strconv.Atoi(v); err != nil {
+			// The runtime takes it for 100 without a word.
+			return fmt.Errorf("GOGC=%s: must be an integer percentage or off (Go ignores any other value and uses 100)", v)
+		}
+	}
 
 	percent, limit := currentPercent(), debug.SetMemoryLimit(-1)
 	s.PercentSource, s.MemoryLimitSource = SourceGoDefault, SourceGoDefault

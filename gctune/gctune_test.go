@@ -110,6 +110,22 @@ func TestApplyRatioBelowFloor(t *testing.T) {
 	}
 }
 
+// A GOGC the runtime cannot read is an error: Go takes it for 100 in
+// silence, which the proxy would report as the user's setting.
+func TestApplyBadGOGC(t *testing.T) {
+	keepRuntime(t)
+	for _, v := range []string{"abc", "50%", "1e3"} {
+		if _, err := apply(t, map[string]string{"GOGC": v}, 4*gib, nil); err == nil || !strings.Contains(err.Error(), "GOGC="+v+": must be an integer percentage or off") {
+			t.Errorf("GOGC=%s: err = %v, want one naming it", v, err)
+		}
+	}
+	for _, v := range []string{"off", "200"} {
+		if _, err := apply(t, map[string]string{"GOGC": v}, 4*gib, nil); err != nil {
+			t.Errorf("GOGC=%s: %v", v, err)
+		}
+	}
+}
+
 func TestApplyNoMemoryKnownKeepsGoDefault(t *testing.T) {
 	keepRuntime(t)
 	_, err := apply(t, map[string]string{}, 0, errors.New("no /proc"))
