@@ -179,7 +179,7 @@ func (v *validator) deployment(d *Deployment, p fieldPath) {
 	if q := d.MaxQueuedRequests; q != -1 && q < 1 {
 		v.report(p.child("max_queued_requests"), "must be -1 (no limit) or >= 1, got %d", q)
 	}
-	v.seconds(p.child("health_check_period_s"), d.HealthCheckPeriodS, false)
+	v.period(p.child("health_check_period_s"), d.HealthCheckPeriodS)
 	v.seconds(p.child("health_check_timeout_s"), d.HealthCheckTimeoutS, false)
 	v.seconds(p.child("graceful_shutdown_timeout_s"), d.GracefulShutdownTimeoutS, true)
 	if d.UserConfig != nil && !isJSONObject(d.UserConfig) {
@@ -191,7 +191,7 @@ func (v *validator) deployment(d *Deployment, p fieldPath) {
 	if d.HealthCheckPath == "" || d.HealthCheckPath[0] != '/' {
 		v.report(p.child("health_check_path"), `must start with "/", got %q`, d.HealthCheckPath)
 	}
-	v.seconds(p.child("discovery_interval_s"), d.DiscoveryIntervalS, false)
+	v.period(p.child("discovery_interval_s"), d.DiscoveryIntervalS)
 	v.seconds(p.child("replica_timeout_s"), d.ReplicaTimeoutS, true)
 	v.handlerKind(d, p)
 }
@@ -424,6 +424,19 @@ func (v *validator) seconds(p fieldPath, s float64, zeroOK bool) {
 	if !ok || s > float64(maxSeconds) {
 		v.report(p, "must be %s 0 and <= %d seconds, got %v", low, maxSeconds, s)
 	}
+}
+
+// minPeriodS is the shortest period of a loop the config sets (health
+// checks, discovery): a shorter one spins a core on an idle proxy.
+const minPeriodS = 0.1
+
+// period checks a loop's period in seconds.
+func (v *validator) period(p fieldPath, s float64) {
+	if s > 0 && s < minPeriodS {
+		v.report(p, "must be at least %v seconds (a shorter period is a busy loop), got %v", minPeriodS, s)
+		return
+	}
+	v.seconds(p, s, false)
 }
 
 func isJSONObject(b []byte) bool {

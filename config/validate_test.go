@@ -156,6 +156,7 @@ func TestParseErrors(t *testing.T) {
 		{"max_queued_requests zero", withDeployment("        max_queued_requests: 0\n"), "applications[0].deployments[0].max_queued_requests", 6, "must be -1 (no limit) or >= 1, got 0"},
 		{"max_queued_requests below -1", withDeployment("        max_queued_requests: -2\n"), "applications[0].deployments[0].max_queued_requests", 6, "must be -1 (no limit) or >= 1, got -2"},
 		{"health_check_period_s zero", withDeployment("        health_check_period_s: 0\n"), "applications[0].deployments[0].health_check_period_s", 6, "must be > 0 and <= 9223372036 seconds, got 0"},
+		{"health_check_period_s a busy loop", withDeployment("        health_check_period_s: 0.000000001\n"), "applications[0].deployments[0].health_check_period_s", 6, "must be at least 0.1 seconds (a shorter period is a busy loop), got 1e-09"},
 		{"health_check_timeout_s negative", withDeployment("        health_check_timeout_s: -1\n"), "applications[0].deployments[0].health_check_timeout_s", 6, "must be > 0 and <= 9223372036 seconds, got -1"},
 		{"graceful_shutdown_timeout_s negative", withDeployment("        graceful_shutdown_timeout_s: -0.5\n"), "applications[0].deployments[0].graceful_shutdown_timeout_s", 6, "must be >= 0 and <= 9223372036 seconds, got -0.5"},
 		{"graceful_shutdown_timeout_s too large", withDeployment("        graceful_shutdown_timeout_s: 1.0e+10\n"), "applications[0].deployments[0].graceful_shutdown_timeout_s", 6, "got 1e+10"},
