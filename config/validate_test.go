@@ -250,7 +250,6 @@ func TestParseSyntaxError(t *testing.T) {
 	}{
 		{"unclosed flow sequence", "applications: [\n  {name: a}\n", 1},
 		{"bad indentation", "applications:\n  - name: a\n   deployments: []\n", 3},
-		{"duplicate key", "applications: []\napplications: []\n", 2},
 		{"unterminated quote", minimalYAML + "http_options: {host: 'x}\n", 6},
 		{"tab indentation", "applications:\n\t- name: a\n", 2},
 	}
@@ -405,5 +404,39 @@ func TestParseRemoteKinds(t *testing.T) {
 		found.DiscoveryServer != "127.0.0.1:5353" || started.Command[1] != "server.py" || started.Env[0] != "MODEL=small" ||
 		started.MaxConstructorRetryCount != 5 || started.HealthCheckPath != "/-/healthz" {
 		t.Fatalf("decoded: %+v\n%+v\n%+v", fixed, found, started)
+	}
+}
+
+// A repeated key is one problem among the others, each on its own line,
+// not a parse error that hides the rest.
+func TestDuplicateKeyAmongOtherProblems(t *testing.T) {
+	errs := parseErrors(t, `applications:
+  - name: a
+    deployments:
+      - name: d
+        handler: static
+        num_replicas: 2
+        num_replicas: 3
+        max_ongoing: 0
+        bogus: 1
+applications: []
+`)
+	want := []string{
+		"test.yaml:7: applications[0].deployments[0].num_replicas: duplicate key (also on line 6)",
+		"test.yaml:8: applications[0].deployments[0].max_ongoing: unknown field",
+		"test.yaml:9: applications[0].deployments[0].bogus: unknown field",
+		"test.yaml:10: applications: duplicate key (also on line 1)",
+	}
+	var got []string
+	for _, e := range errs {
+		got = append(got, e.Error())
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d problems, want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(got[i], w) {
+			t.Errorf("problem %d = %q, want %q...", i, got[i], w)
+		}
 	}
 }

@@ -39,7 +39,9 @@ func Load(path string) (*Config, error) {
 // problems in the same pass (the binary checks handler names); it must not
 // be served. After a YAML syntax error it is nil.
 func Parse(name string, data []byte) (*Config, error) {
-	file, err := parser.ParseBytes(data, 0)
+	// Repeated keys are the decoder's to report, with every other
+	// problem, rather than a parse error that stops at the first.
+	file, err := parser.ParseBytes(data, 0, parser.AllowDuplicateMapKey())
 	if err != nil {
 		return nil, Errors{{File: name, Line: errorLine(err), Msg: "invalid YAML: " + errorMessage(err)}}
 	}
@@ -469,9 +471,13 @@ func (d *decoder) entries(n ast.Node, p fieldPath, at pos, depth int) ([]entry, 
 		}
 		key := d.keyText(mv.Key)
 		if seen[key] {
-			// The parser rejects repeated keys; this catches spellings
-			// it tells apart, such as 1 and "1".
-			d.fail(p.child(key), posOf(mv.Key), "duplicate key")
+			// Spellings the parser would tell apart, such as 1 and "1",
+			// included.
+			msg := "duplicate key"
+			if i := slices.IndexFunc(out, func(e entry) bool { return e.key == key }); i >= 0 {
+				msg = fmt.Sprintf("duplicate key (also on line %d)", out[i].at.line)
+			}
+			d.fail(p.child(key), posOf(mv.Key), "%s", msg)
 			continue
 		}
 		seen[key] = true
