@@ -440,3 +440,31 @@ applications: []
 		}
 	}
 }
+
+// Numbers as YAML 1.2 writes them are numbers (1e3, which the parser
+// reads as a string); a quoted one is a string, and an integer too long
+// for 64 bits says so.
+func TestYAML12Numbers(t *testing.T) {
+	errs := parseErrors(t, `http_options: {request_timeout_s: 1e3, port: 99999999999999999999999}
+applications:
+  - name: a
+    deployments:
+      - {name: d, handler: static, health_check_period_s: "5", graceful_shutdown_timeout_s: 2.5e1}
+`)
+	want := []string{
+		"test.yaml:1: http_options.port: must be an integer of at most 64 bits, got 99999999999999999999999",
+		`test.yaml:5: applications[0].deployments[0].health_check_period_s: must be a number, got string "5"`,
+	}
+	if len(errs) != len(want) {
+		t.Fatalf("got %v, want %v", errs, want)
+	}
+	for i, w := range want {
+		if errs[i].Error() != w {
+			t.Errorf("problem %d = %q, want %q", i, errs[i].Error(), w)
+		}
+	}
+	c, err := Parse("test.yaml", []byte("http_options: {request_timeout_s: 1e3}\n"+minimalYAML))
+	if err != nil || c.HTTPOptions.RequestTimeoutS != 1000 {
+		t.Errorf("request_timeout_s: 1e3 = %v, %v; want 1000", c.HTTPOptions.RequestTimeoutS, err)
+	}
+}

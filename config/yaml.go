@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
 	"github.com/goccy/go-yaml/parser"
+	"github.com/goccy/go-yaml/token"
 )
 
 // Load reads the config file at path and parses it; see Parse.
@@ -315,16 +317,29 @@ func (d *decoder) scalar(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
 			return
 		}
 	case reflect.Int:
-		if i, ok, inRange := toInt(v); ok {
+		i, ok, inRange := toInt(v)
+		got := describe(n)
+		if !ok && plainMatches(n, yamlInt) {
+			// Too long for the parser's integers.
+			ok, inRange, got = true, false, n.(*ast.StringNode).Value
+		}
+		if ok {
 			if !inRange {
-				d.fail(p, at, "must be an integer of at most %d bits, got %s", strconv.IntSize, describe(n))
+				d.fail(p, at, "must be an integer of at most %d bits, got %s", strconv.IntSize, got)
 				return
 			}
 			dst.SetInt(int64(i))
 			return
 		}
 	case reflect.Float64:
-		if f, ok := toFloat(v); ok {
+		f, ok := toFloat(v)
+		if !ok && plainMatches(n, yamlFloat) {
+			// YAML 1.2's floats include 1e3, which the parser reads as
+			// a string.
+			f, err = strconv.ParseFloat(n.(*ast.StringNode).Value, 64)
+			ok = err == nil
+		}
+		if ok {
 			dst.SetFloat(f)
 			return
 		}
@@ -588,6 +603,19 @@ func (d *decoder) keyText(k ast.Node) string {
 		return ""
 	}
 	return tokenValue(k)
+}
+
+// The YAML 1.2 core schema's integers and floats (without .inf and .nan,
+// which the parser reads itself).
+var (
+	yamlInt   = regexp.MustCompile(`^[-+]?[0-9]+$`)
+	yamlFloat = regexp.MustCompile(`^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$`)
+)
+
+// plainMatches reports whether n is an unquoted string that re matches.
+func plainMatches(n ast.Node, re *regexp.Regexp) bool {
+	sn, ok := n.(*ast.StringNode)
+	return ok && sn.Token != nil && sn.Token.Type == token.StringType && re.MatchString(sn.Value)
 }
 
 // scalarValue returns a scalar node's value. The common node types are
