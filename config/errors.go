@@ -119,7 +119,22 @@ func (p fieldPath) String() string {
 		if b.Len() > 0 {
 			b.WriteByte('.')
 		}
-		b.WriteString(s.key)
+		b.WriteString(keyText(s.key))
 	}
 	return b.String()
+}
+
+// keyText is a key as a path shows it: quoted when it is not a plain
+// name, so that a key holding a newline, a dot or a space cannot break a
+// problem's line or pass for a path of its own.
+func keyText(k string) string {
+	for _, r := range k {
+		if !(r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return strconv.Quote(k)
+		}
+	}
+	if k == "" {
+		return `""`
+	}
+	return k
 }

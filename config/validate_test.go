@@ -468,3 +468,12 @@ applications:
 		t.Errorf("request_timeout_s: 1e3 = %v, %v; want 1000", c.HTTPOptions.RequestTimeoutS, err)
 	}
 }
+
+// A key that is no plain name is quoted in the problem's path: one
+// holding a newline cannot split the line.
+func TestOddKeyQuoted(t *testing.T) {
+	errs := parseErrors(t, minimalYAML+"\"bogus\\nfield\": 1\n")
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), `"bogus\nfield": unknown field`) || strings.Contains(errs[0].Error(), "\n") {
+		t.Fatalf("got %q, want the key quoted on one line", errs)
+	}
+}
