@@ -116,3 +116,13 @@ func TestGCEndpoints(t *testing.T) {
 		t.Fatalf("public PUT /-/gc = %d %q, GOGC %d: reached the admin handler", code, body, tu.State().Percent)
 	}
 }
+
+// Every GET of the admin listener answers HEAD too.
+func TestAdminHead(t *testing.T) {
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: static("hi")})
+	for _, path := range []string{"/-/applications", "/-/healthz", "/-/routes", "/metrics"} {
+		if code, body := call(t, http.MethodHead, tp.adminURL+path, "", ""); code != http.StatusOK || body != "" {
+			t.Errorf("HEAD %s = %d %q, want 200 and no body", path, code, body)
+		}
+	}
+}

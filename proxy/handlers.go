@@ -7,6 +7,7 @@ import (
 	"net/http/pprof"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -43,6 +44,7 @@ func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 		gatherer = p.registry
 	}
 	r := chi.NewRouter()
+	r.Use(middleware.GetHead) // HEAD of every GET (a probe's curl -I)
 	r.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorLog: promLogger{p}}))
 	r.Get("/-/healthz", p.healthz)
 	r.Get("/-/routes", p.routes)
