@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -528,4 +529,28 @@ func TestHostShutdown(t *testing.T) {
 		t.Fatalf("Shutdown: %v", err)
 	}
 	eventually(t, "disconnected", func() bool { return !c.Connected() })
+}
+
+// The wait for a host's answer begins once the request's body is sent: a
+// streamed upload that takes longer than ResponseHeaderTimeout is no
+// timeout; an actor slow to answer is.
+func TestHostTimeoutAfterUpload(t *testing.T) {
+	noLeaks(t)
+	_, addr := startHost(t, HostConfig{Factory: factoryOf(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if r.URL.Path == "/slow" {
+			time.Sleep(time.Second)
+		}
+		_, _ = w.Write([]byte(strconv.Itoa(len(b))))
+	}), Replicas: 1, MaxOngoing: 4})
+	c := connect(t, addr, HostOptions{ResponseHeaderTimeout: 200 * time.Millisecond})
+	r := c.Replicas()[0]
+	req := httptest.NewRequest(http.MethodPost, "/", &slowBody{n: 10, gap: 50 * time.Millisecond})
+	req.ContentLength = -1
+	if w, err := serveOn(t, r, req); err != nil || w.body.String() != "10" {
+		t.Errorf("an upload of 500 ms with a timeout of 200 ms: %q, %v; want it answered", w.body.String(), err)
+	}
+	if _, err := serveOn(t, r, httptest.NewRequest(http.MethodPost, "/slow", strings.NewReader("x"))); !errors.As(err, new(*TimeoutError)) {
+		t.Errorf("an actor answering after 1 s, with a timeout of 200 ms: %v, want a *TimeoutError", err)
+	}
 }

@@ -1069,6 +1069,41 @@ func (r *hostReplica) Serve(w http.ResponseWriter, req *http.Request) error {
 		giveBack()
 		return &UnreachableError{Replica: r.id, Err: err}
 	}
+	// The wait for the answer begins once the request is sent, body
+	// included, as net/http's ResponseHeaderTimeout does: a slow upload
+	// is no slow replica.
+	var timeout <-chan time.Time
+	var sent func()
+	if d := c.o.ResponseHeaderTimeout; d > 0 {
+		if streamed {
+			fire := make(chan time.Time) // closed at the deadline
+			var (
+				mu   sync.Mutex
+				t    *time.Timer
+				over bool // the answer began, or the request failed
+			)
+			sent = func() { // once, from pumpBody
+				mu.Lock()
+				defer mu.Unlock()
+				if !over {
+					t = time.AfterFunc(d, func() { close(fire) })
+				}
+			}
+			defer func() {
+				mu.Lock()
+				defer mu.Unlock()
+				over = true
+				if t != nil {
+					t.Stop()
+				}
+			}()
+			timeout = fire
+		} else {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			timeout = t.C
+		}
+	}
 	var guard *bodyGuard
 	if streamed {
 		guard = &bodyGuard{rc: req.Body}
@@ -1076,15 +1111,9 @@ func (r *hostReplica) Serve(w http.ResponseWriter, req *http.Request) error {
 		// Without it, net/http's server drops the rest of the client's
 		// body when the response begins.
 		_ = http.NewResponseController(w).EnableFullDuplex()
-		go pumpBody(ctx, cc, s, guard)
+		go pumpBody(ctx, cc, s, guard, sent)
 	}
 
-	var timeout <-chan time.Time
-	if d := c.o.ResponseHeaderTimeout; d > 0 {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		timeout = t.C
-	}
 	typ, err := s.waitHead(ctx, timeout)
 	if err != nil {
 		var be *RequestBodyError
@@ -1177,9 +1206,9 @@ func (r *hostReplica) Serve(w http.ResponseWriter, req *http.Request) error {
 // pumpBody sends a streamed request body in data frames, as the host's
 // credit allows. The first credit comes when the host takes the request,
 // so a refused request has nothing of its body read. It ends at the body's
-// end, when the stream is over (its window closed), or at the first read
-// error, which fails the stream.
-func pumpBody(ctx context.Context, cc *hostLink, s *linkStream, guard *bodyGuard) {
+// end (then it calls sent, if not nil), when the stream is over (its
+// window closed), or at the first read error, which fails the stream.
+func pumpBody(ctx context.Context, cc *hostLink, s *linkStream, guard *bodyGuard, sent func()) {
 	bp := copyBufPool.Get().(*[]byte)
 	defer copyBufPool.Put(bp)
 	buf := (*bp)[:min(len(*bp), dataChunk)]
@@ -1196,7 +1225,13 @@ func pumpBody(ctx context.Context, cc *hostLink, s *linkStream, guard *bodyGuard
 			if end {
 				flags = flagEnd
 			}
-			if cc.w.send(frameData, flags, s.id, buf[:m]) != nil || end {
+			if cc.w.send(frameData, flags, s.id, buf[:m]) != nil {
+				return
+			}
+			if end {
+				if sent != nil {
+					sent()
+				}
 				return
 			}
 		}

@@ -487,10 +487,18 @@ func (cc *clientConn) roundTrip(req *http.Request) (res *http.Response, answered
 		closeReqBody(req)
 		return fail(err)
 	}
+	headerTimeout := cc.pool.c.headerTimeout
+	var deadline *headDeadline
 	var wrote chan error
 	if hasBody {
+		if headerTimeout > 0 {
+			// The wait for the answer begins once the body is sent, as
+			// net/http's ResponseHeaderTimeout does: a slow upload is no
+			// slow replica.
+			deadline = &headDeadline{conn: cc.conn, d: headerTimeout}
+		}
 		wrote = make(chan error, 1)
-		go cc.writeBody(req, chunked, wrote)
+		go cc.writeBody(req, chunked, wrote, deadline)
 	} else {
 		// Yield before the write: the goroutines runnable now go first,
 		// and under load those are other requests on their way to this
@@ -505,13 +513,18 @@ func (cc *clientConn) roundTrip(req *http.Request) (res *http.Response, answered
 		}
 	}
 
-	if t := cc.pool.c.headerTimeout; t > 0 {
-		_ = cc.conn.SetReadDeadline(time.Now().Add(t))
+	if headerTimeout > 0 && deadline == nil {
+		_ = cc.conn.SetReadDeadline(time.Now().Add(headerTimeout))
 	}
 	b := new(responseBody)
 	res = &b.res
 	answered, err = cc.readHead(req, b)
-	if err == nil && cc.pool.c.headerTimeout > 0 {
+	switch {
+	case deadline != nil:
+		if derr := deadline.headRead(); err == nil {
+			err = derr
+		}
+	case err == nil && headerTimeout > 0:
 		err = cc.conn.SetReadDeadline(time.Time{})
 	}
 	if err != nil {
@@ -640,13 +653,43 @@ func (cc *clientConn) writeHead(req *http.Request, hasBody, chunked bool) error 
 // response's read fails too. A failed write leaves the connection to the
 // response's reader: the replica may have answered before it stopped
 // reading (a 413 to an upload), and the read ends either way.
-func (cc *clientConn) writeBody(req *http.Request, chunked bool, wrote chan<- error) {
+func (cc *clientConn) writeBody(req *http.Request, chunked bool, wrote chan<- error, deadline *headDeadline) {
 	bodyFailed, err := cc.copyRequestBody(req, chunked)
 	_ = req.Body.Close()
+	if err == nil && deadline != nil {
+		deadline.bodySent()
+	}
 	wrote <- err
 	if bodyFailed {
 		cc.close()
 	}
+}
+
+// headDeadline starts the wait for a response's head once the request's
+// body is sent, on the writer's goroutine, unless the head came first
+// (a replica may answer before it reads the whole body).
+type headDeadline struct {
+	conn net.Conn
+	d    time.Duration
+	mu   sync.Mutex
+	read bool // the head was read (or failed): no deadline any more
+}
+
+func (h *headDeadline) bodySent() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.read {
+		_ = h.conn.SetReadDeadline(time.Now().Add(h.d))
+	}
+}
+
+// headRead ends the wait: the reads of the body that follow have no
+// deadline.
+func (h *headDeadline) headRead() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.read = true
+	return h.conn.SetReadDeadline(time.Time{})
 }
 
 // copyRequestBody writes req's body; bodyFailed says that an error came

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -653,5 +654,49 @@ func TestUpstreamClientKeepsPoolOfReaddedReplica(t *testing.T) {
 	readded.Close()
 	if n := pools(); n != 0 {
 		t.Fatalf("%d pools after both closed, want 0", n)
+	}
+}
+
+// slowBody gives n chunks of "x", gap apart.
+type slowBody struct {
+	n   int
+	gap time.Duration
+}
+
+func (b *slowBody) Read(p []byte) (int, error) {
+	if b.n == 0 {
+		return 0, io.EOF
+	}
+	time.Sleep(b.gap)
+	b.n--
+	p[0] = 'x'
+	return 1, nil
+}
+
+// The response header timeout begins once the request's body is sent, as
+// net/http's does: an upload that takes longer than it is no timeout,
+// whether its length is known or not; a replica slow to answer is.
+func TestUpstreamClientTimeoutAfterUpload(t *testing.T) {
+	leakCheck(t)
+	base := newBackend(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if r.URL.Path == "/slow" {
+			time.Sleep(time.Second)
+		}
+		_, _ = w.Write([]byte(strconv.Itoa(len(b))))
+	}).URL
+	c := newClient(t, TransportOptions{ResponseHeaderTimeout: 200 * time.Millisecond, DialTimeout: 2 * time.Second})
+	u := newUpstream(t, base, UpstreamOptions{Transport: c})
+	for _, length := range []int64{10, -1} {
+		r := httptest.NewRequest(http.MethodPost, "http://front.test/", &slowBody{n: 10, gap: 50 * time.Millisecond})
+		r.ContentLength = length
+		w := newSpy()
+		if err := serveOnce(t, u, w, r); err != nil || w.body.String() != "10" {
+			t.Errorf("an upload of 500 ms (length %d) with a timeout of 200 ms: %q, %v; want it answered", length, w.body.String(), err)
+		}
+	}
+	r := httptest.NewRequest(http.MethodPost, "http://front.test/slow", strings.NewReader("x"))
+	if err := serveOnce(t, u, newSpy(), r); !errors.As(err, new(*TimeoutError)) {
+		t.Errorf("a replica answering after 1 s, with a timeout of 200 ms: %v, want a *TimeoutError", err)
 	}
 }
