@@ -518,6 +518,48 @@ func TestAccessLogLine(t *testing.T) {
 	}
 }
 
+// A 5xx's access-log line says why; a 200's has no error.
+func TestAccessLogError(t *testing.T) {
+	// An upstream that answers what is no HTTP.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Read(make([]byte, 4096))
+			_, _ = c.Write([]byte("garbage\r\n\r\n"))
+			c.Close()
+		}
+	}()
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: static("hi")}, testDeployment{app: "b", prefix: "/b", targets: []string{"http://" + l.Addr().String()}})
+	get(t, tp.url+"/", "X-Request-ID", "ok-1")
+	get(t, tp.url+"/b", "X-Request-ID", "bad-1")
+	lines := map[string]map[string]any{}
+	waitFor(t, "both access-log lines", func() bool {
+		for _, l := range strings.Split(tp.access.String(), "\n") {
+			var line map[string]any
+			if json.Unmarshal([]byte(l), &line) == nil {
+				if id, _ := line["request_id"].(string); id != "" {
+					lines[id] = line
+				}
+			}
+		}
+		return lines["ok-1"] != nil && lines["bad-1"] != nil
+	})
+	if _, ok := lines["ok-1"]["error"]; ok {
+		t.Errorf("a 200's line has an error: %v", lines["ok-1"])
+	}
+	if msg, _ := lines["bad-1"]["error"].(string); lines["bad-1"]["status"] != float64(500) || !strings.Contains(msg, "malformed") {
+		t.Errorf("the line of a 500 for a malformed answer = %v, want its error saying so", lines["bad-1"])
+	}
+}
+
 // TestGracefulShutdownUnderLoad stops the proxy while requests are in
 // flight: every request the proxy accepted gets its answer.
 func TestGracefulShutdownUnderLoad(t *testing.T) {

@@ -270,8 +270,11 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 		Str("path", r.URL.Path).
 		Int("status", res.status).
 		RawJSON("latency_ms", appendMillis(buf[:0], elapsed)).
-		Str("replica", replicaID).
-		Msg("")
+		Str("replica", replicaID)
+	if res.err != nil && res.status >= 500 {
+		e.Str("error", res.err.Error()) // why: a replica's 500, 502 or 504
+	}
+	e.Msg("")
 }
 
 // appendMillis appends d in milliseconds with three decimals (microsecond
