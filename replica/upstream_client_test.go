@@ -700,3 +700,26 @@ func TestUpstreamClientTimeoutAfterUpload(t *testing.T) {
 		t.Errorf("a replica answering after 1 s, with a timeout of 200 ms: %v, want a *TimeoutError", err)
 	}
 }
+
+// An answer without a Content-Type goes on without one: the front
+// server does not sniff one the replica never said.
+func TestUpstreamNoContentTypeAdded(t *testing.T) {
+	leakCheck(t)
+	url, _ := countingServer(t, false, "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\n<html>", "")
+	u := newUpstream(t, url, UpstreamOptions{Transport: newClient(t, TransportOptions{})})
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := serveOnce(t, u, w, r); err != nil {
+			t.Error(err)
+		}
+	}))
+	defer front.Close()
+	resp, err := http.Get(front.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if ct, ok := resp.Header["Content-Type"]; ok || string(body) != "<html>" {
+		t.Errorf("Content-Type %q (set %v), body %q; want none, as the replica sent", ct, ok, body)
+	}
+}

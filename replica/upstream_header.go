@@ -165,6 +165,11 @@ func (u *Upstream) copyResponseHeader(dst, src http.Header) {
 	if u.via != "" {
 		dst["Via"] = []string{joinVia(dst["Via"], u.via)}
 	}
+	if _, ok := dst["Content-Type"]; !ok {
+		// The replica sent none: a nil entry keeps net/http from
+		// sniffing one that the replica never said.
+		dst["Content-Type"] = nil
+	}
 }
 
 func equalValues(a, b []string) bool {
