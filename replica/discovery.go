@@ -135,12 +135,15 @@ func NewDiscovery(target string, o DiscoveryOptions) (*Discovery, error) {
 			return nil, err
 		}
 		// The resolver sets its own deadline (the system's 5 s) after
-		// dialing: the bound must hold over it.
+		// dialing: the bound must hold over it. Nor does it watch ctx
+		// while it waits for the answer: a lookup cancelled (Run's end)
+		// ends at once only if the deadline comes then.
 		limit := time.Now().Add(timeout)
+		stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
 		if u, ok := c.(*net.UDPConn); ok {
-			return &boundedUDPConn{u, limit}, nil // still a PacketConn: the resolver frames by that
+			return &boundedUDPConn{u, limit, stop}, nil // still a PacketConn: the resolver frames by that
 		}
-		return &boundedConn{c, limit}, nil
+		return &boundedConn{c, limit, stop}, nil
 	}}
 	return d, nil
 }
@@ -296,10 +299,17 @@ func (d *Discovery) Run(ctx context.Context) {
 	}
 }
 
-// boundedConn is a DNS connection whose deadlines are never past limit.
+// boundedConn is a DNS connection whose deadlines are never past limit,
+// and which its dial's context cuts short; stop ends that watch.
 type boundedConn struct {
 	net.Conn
 	limit time.Time
+	stop  func() bool
+}
+
+func (c *boundedConn) Close() error {
+	c.stop()
+	return c.Conn.Close()
 }
 
 func (c *boundedConn) SetDeadline(t time.Time) error { return c.Conn.SetDeadline(earliest(t, c.limit)) }
@@ -314,6 +324,12 @@ func (c *boundedConn) SetWriteDeadline(t time.Time) error {
 type boundedUDPConn struct {
 	*net.UDPConn
 	limit time.Time
+	stop  func() bool
+}
+
+func (c *boundedUDPConn) Close() error {
+	c.stop()
+	return c.UDPConn.Close()
 }
 
 func (c *boundedUDPConn) SetDeadline(t time.Time) error {

@@ -398,3 +398,37 @@ func TestNewDiscoveryErrors(t *testing.T) {
 		}
 	}
 }
+
+// A lookup cancelled while its DNS server says nothing ends at once, its
+// exchange too: the resolver does not watch the context while it waits,
+// and would have waited for its deadline (the goroutines left then made
+// the leak checks of other tests flake).
+func TestDiscoveryCancelEndsTheExchange(t *testing.T) {
+	leakCheck(t)
+	silent, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { silent.Close() })
+	go func() { // reads every query, answers none
+		buf := make([]byte, 512)
+		for {
+			if _, _, err := silent.ReadFrom(buf); err != nil {
+				return
+			}
+		}
+	}()
+	d, err := NewDiscovery("dns://web.test.:80", DiscoveryOptions{Server: silent.LocalAddr().String(), Timeout: time.Minute, OnChange: func([]string) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := d.Resolve(ctx); err == nil {
+		t.Fatal("a lookup nobody answered succeeded")
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("Resolve took %v after its context ended", took)
+	}
+}
