@@ -142,15 +142,17 @@ func (c *UpstreamClient) forgetReplica(base *url.URL) {
 	p.closeIdle(func(*clientConn) bool { return true })
 }
 
+// stalePeekAfter is how long a connection idles before it is checked for
+// a close from the server on reuse. Under load connections idle for
+// microseconds and are not checked; a close that races a reuse is covered
+// by the retry of idempotent requests, and the others are checked always.
+// A variable for tests.
+var stalePeekAfter = time.Millisecond
+
 // Limits of the response head, as net/http's transport has them.
 const (
 	maxResponseHeaderBytes = 10 << 20
 	max1xxResponses        = 5
-	// stalePeekAfter is how long a connection idles before it is checked
-	// for a close from the server on reuse. Under load connections idle
-	// for microseconds and are not checked; a close that races a reuse is
-	// covered by the retry of idempotent requests.
-	stalePeekAfter = time.Millisecond
 	// maxWriteWait is how long a response that ended waits for its
 	// request's body to be written before the connection is given up
 	// instead of reused, as in net/http.
@@ -171,8 +173,11 @@ func (c *UpstreamClient) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	p := c.pool(poolKey{host: u.Host, tls: u.Scheme == "https"})
 	fresh := false
+	// A request that could not be sent again after meeting a stale
+	// connection (a POST, say) has any idle connection checked first.
+	check := !replayable(req)
 	for {
-		cc, reused, err := p.get(ctx, fresh)
+		cc, reused, err := p.get(ctx, fresh, check)
 		if err != nil {
 			closeReqBody(req)
 			return nil, err
@@ -194,10 +199,18 @@ func (c *UpstreamClient) RoundTrip(req *http.Request) (*http.Response, error) {
 // the server closed the connection as it was reused (it never ran the
 // request, or it is idempotent), as net/http's transport decides.
 func retryableOnNewConn(req *http.Request, err error) bool {
-	if req.Body != nil && req.Body != http.NoBody {
-		return false // it may be read already; Upstream.Serve decides on those
-	}
 	if !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+		return false
+	}
+	return replayable(req)
+}
+
+// replayable reports whether req may be sent again on a new connection
+// after its first one turned out stale: it has no body (which may be read
+// already; Upstream.Serve decides on those), and is idempotent or has an
+// idempotency key.
+func replayable(req *http.Request) bool {
+	if req.Body != nil && req.Body != http.NoBody {
 		return false
 	}
 	switch req.Method {
@@ -272,9 +285,11 @@ func newConnPool(c *UpstreamClient, k poolKey) *connPool {
 }
 
 // get returns an idle connection (reused true) or a new one; with fresh, a
-// new one. It waits while the replica has all the connections it may
-// have, until one is freed or ctx ends.
-func (p *connPool) get(ctx context.Context, fresh bool) (cc *clientConn, reused bool, err error) {
+// new one. An idle one is checked for a close from the server when it
+// idled over stalePeekAfter, or always with check. It waits while the
+// replica has all the connections it may have, until one is freed or ctx
+// ends.
+func (p *connPool) get(ctx context.Context, fresh, check bool) (cc *clientConn, reused bool, err error) {
 	p.mu.Lock()
 	for {
 		if n := len(p.idle); n > 0 && !fresh {
@@ -282,7 +297,7 @@ func (p *connPool) get(ctx context.Context, fresh bool) (cc *clientConn, reused 
 			p.idle[n-1] = nil
 			p.idle = p.idle[:n-1]
 			p.mu.Unlock()
-			if time.Since(cc.idleAt) >= stalePeekAfter && !cc.alive() {
+			if (check || time.Since(cc.idleAt) >= stalePeekAfter) && !cc.alive() {
 				cc.close()
 				p.mu.Lock()
 				continue

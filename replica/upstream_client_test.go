@@ -723,3 +723,28 @@ func TestUpstreamNoContentTypeAdded(t *testing.T) {
 		t.Errorf("Content-Type %q (set %v), body %q; want none, as the replica sent", ct, ok, body)
 	}
 }
+
+// A POST, which cannot be sent again once it met a stale connection, has
+// the idle connection it reuses checked first, however briefly it idled:
+// a server that closed it meanwhile (a graceful restart closing idle
+// ones) gives it a new one rather than a 502. (The check cannot see a
+// close still on its way; the test waits for it, with the check by idle
+// time put off.)
+func TestUpstreamClientPostChecksReuse(t *testing.T) {
+	leakCheck(t)
+	defer func(d time.Duration) { stalePeekAfter = d }(stalePeekAfter)
+	stalePeekAfter = time.Hour
+	url, conns := countingServer(t, true, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	c := newClient(t, TransportOptions{})
+	u := newUpstream(t, url, UpstreamOptions{Transport: c})
+	for i := range 3 {
+		w := newSpy()
+		if err := serveOnce(t, u, w, httptest.NewRequest(http.MethodPost, "http://front.test/", strings.NewReader("hello"))); err != nil || w.body.String() != "ok" {
+			t.Fatalf("POST %d, each on a connection the server closed after its answer: %q, %v", i, w.body.String(), err)
+		}
+		time.Sleep(20 * time.Millisecond) // the server's close arrives
+	}
+	if n := conns.Load(); n != 3 {
+		t.Errorf("%d connections for 3 POSTs, want 3", n)
+	}
+}
