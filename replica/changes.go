@@ -407,3 +407,71 @@ func (d *Deployment) giveUserConfig(ctx context.Context, rs []Replica, why strin
 	d.mu.Unlock()
 	log.Info().Str("replicas", why).Int("count", len(rs)).Int("failed", failed).Msg("user_config given to replicas that were not there for the last reconfigure")
 }
+
+// ReplaceTarget has target connected anew, its replicas replaced by those
+// of the new connection: a replica host back with other actors than it
+// had (restarted with another number of them, say), whose missing ones
+// would fail their checks for ever and whose new ones would get nothing.
+// The health loop does it; ReplaceTarget does not wait.
+func (d *Deployment) ReplaceTarget(target string) {
+	if d.spec.Connect == nil {
+		return
+	}
+	d.mu.Lock()
+	d.renew[target] = true
+	d.mu.Unlock()
+	d.CheckHealthNow()
+}
+
+// renewTargets connects anew the targets ReplaceTarget named: their old
+// replicas leave routing and drain first (the new ones may have their
+// ids), then the target is connected as a new one.
+func (d *Deployment) renewTargets(ctx context.Context) {
+	d.mu.Lock()
+	var renew []string
+	for t := range d.renew {
+		renew = append(renew, t)
+	}
+	clear(d.renew)
+	d.mu.Unlock()
+	for _, target := range renew {
+		d.mu.Lock()
+		var all, others []string
+		seen := map[string]bool{}
+		for _, r := range d.replicas {
+			if t := d.targets[r]; !seen[t] {
+				seen[t] = true
+				all = append(all, t)
+				if t != target {
+					others = append(others, t)
+				}
+			}
+		}
+		d.mu.Unlock()
+		if !seen[target] {
+			continue // gone from the targets meanwhile
+		}
+		d.log().Info().Str("target", target).Msg("replacing the replicas of a target that came back with other actors")
+		if err := d.SetTargets(others); err != nil {
+			d.log().Warn().Err(err).Msg("replacing a target's replicas")
+		}
+		// Until the old ones are gone, their ids are taken.
+		deadline := time.Now().Add(d.spec.GracefulShutdownTimeout + time.Second)
+		for d.draining(target) && time.Now().Before(deadline) && ctx.Err() == nil {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if err := d.SetTargets(all); err != nil {
+			d.log().Warn().Err(err).Str("target", target).Msg("connecting a target anew failed; the next list or discovery answer tries again")
+		}
+	}
+}
+
+// draining reports whether replicas of target are still draining.
+func (d *Deployment) draining(target string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.ContainsFunc(d.retired, func(r Replica) bool { return d.targets[r] == target })
+}

@@ -106,6 +106,9 @@ type Deployment struct {
 	// again (see Reconnected).
 	startConfig json.RawMessage
 	unsync      map[Replica]bool
+	// renew are targets to connect anew, their replicas replaced (a
+	// replica host back with other actors; see ReplaceTarget).
+	renew map[string]bool
 	// unconnected are the targets of the last SetTargets it could not
 	// connect to, with why.
 	unconnected []TargetError
@@ -148,6 +151,7 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 		targets:       make(map[Replica]string),
 		startConfig:   spec.UserConfig,
 		unsync:        make(map[Replica]bool),
+		renew:         make(map[string]bool),
 		wake:          make(chan struct{}, 1),
 		checkNow:      make(chan struct{}, 1),
 	}

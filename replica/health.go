@@ -19,10 +19,12 @@ func (d *Deployment) healthLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			d.renewTargets(ctx)
 			d.syncReconnected(ctx)
 			d.checkHealth(ctx)
 			d.kick() // and retry starts that failed
 		case <-d.checkNow:
+			d.renewTargets(ctx)
 			d.syncReconnected(ctx)
 			d.checkHealth(ctx)
 		}

@@ -90,6 +90,9 @@ type HostConn struct {
 	reachMu sync.Mutex
 	down    bool
 
+	// changed is set once a reconnection's hello announced other actors.
+	changed atomic.Bool
+
 	// mu guards lastErr.
 	mu      sync.Mutex
 	lastErr error
@@ -309,21 +312,30 @@ func (c *HostConn) bind(cc *hostLink, hl *hostHello) {
 		index[id] = i
 	}
 	cc.actors = make([]int32, len(c.replicas))
+	missing := 0
 	for k, r := range c.replicas {
 		i, ok := index[r.hostID]
 		if !ok {
 			cc.actors[k] = -1
-			c.o.Log.Warn().Str("host", c.addr).Str("actor", r.hostID).Msg("replica host no longer has the actor: its replica is unreachable")
+			missing++
 			continue
 		}
 		cc.actors[k] = int32(i)
 		r.max.Store(int64(hl.limits[i]))
 	}
-	if len(hl.ids) > len(c.replicas) {
-		c.o.Log.Warn().Str("host", c.addr).Int("actors", len(hl.ids)).Int("replicas", len(c.replicas)).
-			Msg("replica host has more actors than when first connected; the new ones get no requests until it is connected anew")
+	if missing > 0 || len(hl.ids) > len(c.replicas) {
+		// Restarted with another number of actors, say: the deployment
+		// connects it anew (see ActorsChanged).
+		c.changed.Store(true)
+		c.o.Log.Warn().Str("host", c.addr).Int("actors", len(hl.ids)).Int("replicas", len(c.replicas)).Int("missing", missing).
+			Msg("replica host has other actors than when first connected; it is to be connected anew")
 	}
 }
+
+// ActorsChanged reports whether the host, reconnected, announced other
+// actors than at the first connection: its replicas are to be replaced by
+// those of a new connection.
+func (c *HostConn) ActorsChanged() bool { return c.changed.Load() }
 
 // start runs cc's reader and writer.
 func (c *HostConn) start(cc *hostLink) {

@@ -336,6 +336,8 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 				dd := dep.Load()
 				switch {
 				case dd == nil:
+				case up && hc.ActorsChanged(): // restarted with other actors
+					dd.ReplaceTarget(hc.Addr())
 				case up: // given the user_config if it changed, then checked
 					dd.Reconnected(hc.Replicas())
 				default:

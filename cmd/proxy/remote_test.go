@@ -119,6 +119,7 @@ type applications struct {
 				Target  string `json:"target"`
 				State   string `json:"state"`
 				Healthy bool   `json:"healthy"`
+				Served  int    `json:"served"`
 			} `json:"replicas"`
 		} `json:"deployments"`
 	} `json:"applications"`
@@ -1248,5 +1249,50 @@ func TestStartAnswers503(t *testing.T) {
 	}
 	if r := get(t, c, "http://"+addrs.HTTPAddr+"/"); r.status != 200 || r.body != "hi" {
 		t.Fatalf("GET / once serving: %d %q", r.status, r.body)
+	}
+}
+
+// TestReplicaHostBackWithOtherActors restarts a deployment's replica host
+// on its address with fewer actors, then more: each time the deployment
+// replaces the host's replicas with the new ones, HEALTHY, rather than
+// keep the missing ones failing (UNHEALTHY for ever) or leave the new ones
+// without requests.
+func TestReplicaHostBackWithOtherActors(t *testing.T) {
+	args := func(n string) []string {
+		return []string{"-handler", "static", "-replicas", n, "-max-ongoing", "10", "-user-config", `{"body":"hi"}`}
+	}
+	host := startReplicaHost(t, args("2")...)
+	p := startProxy(t, nil, "-config", writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - {name: hi, handler: host, hosts: ["`+host.addr+`"], health_check_period_s: 60}
+`))
+	c := newClient(t, 10)
+	c.Timeout = 5 * time.Second
+	for _, n := range []string{"1", "3"} {
+		_ = host.cmd.Process.Signal(syscall.SIGKILL)
+		_ = host.cmd.Wait()
+		host = startListening(t, replicaBin, append([]string{"-listen", host.addr}, args(n)...)...)
+		want, _ := strconv.Atoi(n)
+		waitUntil(t, "the deployment HEALTHY with the host's "+n+" actors", func() bool {
+			dep := getApplications(t, c, p).Applications[0].Deployments[0]
+			return dep.Status == "HEALTHY" && len(dep.Replicas) == want
+		})
+		seen := map[string]bool{}
+		for range 200 {
+			r := get(t, c, "http://"+p.HTTPAddr+"/")
+			if r.status != 200 || r.body != "hi" {
+				t.Fatalf("with %s actors: %d %q", n, r.status, r.body)
+			}
+		}
+		for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
+			if rep.Served > 0 {
+				seen[rep.ID] = true
+			}
+		}
+		if len(seen) != want {
+			t.Errorf("with %s actors, %d served: %v", n, len(seen), seen)
+		}
 	}
 }
