@@ -300,6 +300,21 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 		return &FullError{Replica: u.id, BodyLost: !replayable}
 	}
 
+	stream := streams(res)
+	var whole []byte // a small body read whole before anything is written
+	if n := res.ContentLength; n > 0 && n <= smallBodyBytes && !stream {
+		// A replica that breaks off one is answered for (500) rather
+		// than cutting a client that has been sent nothing yet.
+		bp := copyBufPool.Get().(*[]byte)
+		defer copyBufPool.Put(bp)
+		whole = (*bp)[:n]
+		if _, err := io.ReadFull(res.Body, whole); err != nil {
+			res.Body.Close()
+			o.body.detach()
+			return u.copyError(r, err)
+		}
+	}
+
 	hdr := w.Header()
 	u.copyResponseHeader(hdr, res.Header)
 	announced := len(res.Trailer)
@@ -311,11 +326,17 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 		hdr["Trailer"] = append(hdr["Trailer"], strings.Join(keys, ", "))
 	}
 	w.WriteHeader(res.StatusCode)
-	stream := streams(res)
-	if stream {
+	switch {
+	case whole != nil:
+		if _, werr := w.Write(whole); werr != nil {
+			err = &clientWriteError{werr}
+		}
+	case stream:
 		flush(w) // the headers at once: the first event may be long in coming
+		fallthrough
+	default:
+		err = copyBody(w, res.Body, stream)
 	}
-	err = copyBody(w, res.Body, stream)
 	res.Body.Close() // before reading res.Trailer: closing fills it in
 	o.body.detach()  // a body read the transport still has in mind now fails
 	if err != nil {
@@ -408,6 +429,10 @@ func (u *Upstream) copyError(r *http.Request, err error) error {
 	}
 	return &ReplicaError{Replica: u.id, Err: fmt.Errorf("the response broke off: %w", err)}
 }
+
+// smallBodyBytes is the largest response body with a Content-Length that
+// is read whole before its head is written on (a copy buffer's).
+const smallBodyBytes = 32 << 10
 
 // copyBufPool holds the buffers that response bodies are copied through.
 var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}

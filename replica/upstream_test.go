@@ -736,11 +736,28 @@ func TestUpstreamErrors(t *testing.T) {
 			},
 		},
 		{
-			name: "closes mid-response",
+			// A small body is read whole before anything is written: the
+			// proxy can still answer for the replica.
+			name: "closes mid-response, small body",
 			base: func(t *testing.T) string {
 				return rawServer(t, func(c net.Conn) {
 					_ = readRequestHead(c)
 					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b")
+					_ = c.Close()
+				})
+			},
+			check: func(t *testing.T, err error) {
+				if _, ok := errors.AsType[*ReplicaError](err); !ok {
+					t.Fatalf("err = %#v, want *ReplicaError", err)
+				}
+			},
+		},
+		{
+			name: "closes mid-response, large body",
+			base: func(t *testing.T) string {
+				return rawServer(t, func(c net.Conn) {
+					_ = readRequestHead(c)
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\nonly ten b")
 					_ = c.Close()
 				})
 			},
