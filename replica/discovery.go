@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -138,12 +139,15 @@ func NewDiscovery(target string, o DiscoveryOptions) (*Discovery, error) {
 		// dialing: the bound must hold over it. Nor does it watch ctx
 		// while it waits for the answer: a lookup cancelled (Run's end)
 		// ends at once only if the deadline comes then.
-		limit := time.Now().Add(timeout)
-		stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
+		b := &dnsBound{limit: time.Now().Add(timeout)}
+		b.stop = context.AfterFunc(ctx, func() {
+			b.cancelled.Store(true)
+			_ = c.SetDeadline(time.Now())
+		})
 		if u, ok := c.(*net.UDPConn); ok {
-			return &boundedUDPConn{u, limit, stop}, nil // still a PacketConn: the resolver frames by that
+			return &boundedUDPConn{u, b}, nil // still a PacketConn: the resolver frames by that
 		}
-		return &boundedConn{c, limit, stop}, nil
+		return &boundedConn{c, b}, nil
 	}}
 	return d, nil
 }
@@ -299,47 +303,59 @@ func (d *Discovery) Run(ctx context.Context) {
 	}
 }
 
-// boundedConn is a DNS connection whose deadlines are never past limit,
-// and which its dial's context cuts short; stop ends that watch.
+// dnsBound is what bounds a DNS connection: its deadlines are never past
+// limit, nor past now once the dial's context is cancelled (stop ends
+// that watch).
+type dnsBound struct {
+	limit     time.Time
+	cancelled atomic.Bool
+	stop      func() bool
+}
+
+// deadline is t as the bound allows it.
+func (b *dnsBound) deadline(t time.Time) time.Time {
+	if b.cancelled.Load() {
+		return time.Now() // a deadline the resolver sets after the cancel cannot undo it
+	}
+	return earliest(t, b.limit)
+}
+
+// boundedConn is a DNS connection under a dnsBound.
 type boundedConn struct {
 	net.Conn
-	limit time.Time
-	stop  func() bool
+	b *dnsBound
 }
 
 func (c *boundedConn) Close() error {
-	c.stop()
+	c.b.stop()
 	return c.Conn.Close()
 }
-
-func (c *boundedConn) SetDeadline(t time.Time) error { return c.Conn.SetDeadline(earliest(t, c.limit)) }
+func (c *boundedConn) SetDeadline(t time.Time) error { return c.Conn.SetDeadline(c.b.deadline(t)) }
 func (c *boundedConn) SetReadDeadline(t time.Time) error {
-	return c.Conn.SetReadDeadline(earliest(t, c.limit))
+	return c.Conn.SetReadDeadline(c.b.deadline(t))
 }
 func (c *boundedConn) SetWriteDeadline(t time.Time) error {
-	return c.Conn.SetWriteDeadline(earliest(t, c.limit))
+	return c.Conn.SetWriteDeadline(c.b.deadline(t))
 }
 
 // boundedUDPConn is boundedConn for UDP, which stays a net.PacketConn.
 type boundedUDPConn struct {
 	*net.UDPConn
-	limit time.Time
-	stop  func() bool
+	b *dnsBound
 }
 
 func (c *boundedUDPConn) Close() error {
-	c.stop()
+	c.b.stop()
 	return c.UDPConn.Close()
 }
-
 func (c *boundedUDPConn) SetDeadline(t time.Time) error {
-	return c.UDPConn.SetDeadline(earliest(t, c.limit))
+	return c.UDPConn.SetDeadline(c.b.deadline(t))
 }
 func (c *boundedUDPConn) SetReadDeadline(t time.Time) error {
-	return c.UDPConn.SetReadDeadline(earliest(t, c.limit))
+	return c.UDPConn.SetReadDeadline(c.b.deadline(t))
 }
 func (c *boundedUDPConn) SetWriteDeadline(t time.Time) error {
-	return c.UDPConn.SetWriteDeadline(earliest(t, c.limit))
+	return c.UDPConn.SetWriteDeadline(c.b.deadline(t))
 }
 
 // earliest is t, or limit if t is later or zero (no deadline).

@@ -105,7 +105,7 @@ func (d *Deployment) recordHealth(r Replica, err error, started time.Time) {
 			log.Info().Msg("replica passed its health check again")
 		}
 		d.failures[r] = 0
-		if d.excluded[r] {
+		if d.excluded[r] && !d.unsync[r] { // one waiting for its config stays out
 			delete(d.excluded, r)
 			d.publishLocked()
 			log.Info().Msg("replica healthy: back in routing")

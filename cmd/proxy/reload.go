@@ -86,9 +86,9 @@ func staticTargets(d config.Deployment) []string {
 // change is one live change a reload makes to a deployment.
 type change struct {
 	dep     *proxy.Deployment
-	what    string // for the result: `application "a" deployment "d": num_replicas from 1 to 3`
-	apply   func(context.Context, *proxy.Deployment) error
-	applied func() // if not nil, records the change once made
+	what    string                                         // for the result: `application "a" deployment "d": num_replicas from 1 to 3`
+	apply   func(context.Context, *proxy.Deployment) error // nil for a record only
+	applied func()                                         // if not nil, records the change once made
 }
 
 // Reload reads the file, checks it, and makes the changes it asks for.
@@ -135,6 +135,10 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 		return res
 	}
 	for _, c := range changes {
+		if c.apply == nil { // a record only: nothing to change
+			c.applied()
+			continue
+		}
 		cctx, cancel := context.WithTimeout(ctx, reloadTimeout)
 		err := c.apply(cctx, c.dep)
 		cancel()
@@ -269,6 +273,9 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 	case err != nil:
 		return nil, fieldError(next, rl.path, df+".user_config", err).Error()
 	case same:
+		if nd.UserConfig != nil { // the file gives it now: taking it out later is a removal
+			out = append(out, change{applied: func() { rl.fileConfigs[i][j] = true }})
+		}
 	case nd.UserConfig == nil:
 		return nil, fieldError(next, rl.path, df+".user_config",
 			errors.New("removed, and a reload cannot take a user_config away: give the one the replicas should have, or restart")).Error()

@@ -228,6 +228,15 @@ func TestReloadKeepsAdminUserConfig(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A file that gives the user_config running is no change, but gives it.
+	rewrite(conf("        user_config: {body: admin}\n"))
+	if status, res := postReload(t, c, p); status != http.StatusOK || len(res.Applied) != 0 {
+		t.Errorf("reload giving the user_config that runs: %d %+v, want nothing changed", status, res)
+	}
+	rewrite(conf(""))
+	if status, res := postReload(t, c, p); status != http.StatusConflict {
+		t.Errorf("reload taking out the user_config the file gave: %d %+v, want 409", status, res)
+	}
 	rewrite(conf("        user_config: {body: file}\n"))
 	if status, res := postReload(t, c, p); status != http.StatusOK || len(res.Applied) != 1 {
 		t.Errorf("reload giving a user_config: %d %+v, want it applied", status, res)
