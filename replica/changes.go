@@ -1,7 +1,6 @@
 package replica
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -73,7 +72,9 @@ func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage
 				synced = true
 			}
 		case ctx.Err() != nil && errors.Is(r.Err, ctx.Err()):
-			log.Warn().Str("replica", r.Actor).Msg("replica did not answer its reconfigure in time: it may apply it later")
+			// It may apply it later; it is given it again to be sure.
+			log.Warn().Str("replica", r.Actor).Msg("replica did not answer its reconfigure in time: it may apply it later, and is given it again at the next health check")
+			d.unsync[targets[i]] = true
 		case !d.Replaces():
 			// Nothing here can start another: it stays out of routing,
 			// and the health loop tries again.
@@ -173,6 +174,7 @@ func (d *Deployment) SetTargets(targets []string) error {
 	}
 	log := d.log()
 	d.mu.Lock()
+	d.want = want
 	have := make(map[string]bool, len(d.replicas))
 	var gone []Replica
 	for _, r := range d.replicas {
@@ -185,7 +187,7 @@ func (d *Deployment) SetTargets(targets []string) error {
 	// Those gone leave routing before anything is connected, which may
 	// take seconds.
 	for _, r := range gone {
-		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica gone from discovery: draining")
+		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica's target gone from the list: draining")
 	}
 	d.retireLocked(gone...)
 	d.spec.NumReplicas = len(d.replicas)
@@ -198,16 +200,29 @@ func (d *Deployment) SetTargets(targets []string) error {
 			fresh = append(fresh, t)
 		}
 	}
+	errs := d.connectTargets(fresh)
+	d.mu.Lock()
+	d.unconnected = nil
+	for i, err := range errs {
+		if err != nil {
+			d.unconnected = append(d.unconnected, TargetError{Target: fresh[i], Error: err.Error()})
+		}
+	}
+	d.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// connectTargets connects fresh, targets the deployment has no replicas
+// of, at once, and adds their replicas to routing (given the user_config
+// first). It returns each target's error. control must be held.
+func (d *Deployment) connectTargets(fresh []string) []error {
+	errs := make([]error, len(fresh))
 	if len(fresh) == 0 {
-		d.mu.Lock()
-		d.unconnected = nil
-		d.mu.Unlock()
-		return nil
+		return errs
 	}
 	// At once, so that a target that does not answer (a replica host
 	// still starting, say) costs the others no wait.
 	conns := make([][]Replica, len(fresh))
-	errs := make([]error, len(fresh))
 	var wg sync.WaitGroup
 	for i, t := range fresh {
 		wg.Go(func() { conns[i], errs[i] = d.connect(d.ctx, t) })
@@ -233,32 +248,22 @@ func (d *Deployment) SetTargets(targets []string) error {
 		}
 		joining = append(joining, rs...)
 	}
-	reconfigured := !bytes.Equal(d.spec.UserConfig, d.startConfig)
 	d.mu.Unlock()
-	if reconfigured {
-		// Before they take requests: a replica host that joins serves the
-		// user_config it was started with, which is not the deployment's
-		// any more.
-		d.giveUserConfig(d.ctx, joining, "joining")
-	}
+	// Before they take requests: a replica host serves the user_config it
+	// was started with, which need not be the deployment's.
+	d.giveUserConfig(d.ctx, joining, "joining")
 
+	log := d.log()
 	d.mu.Lock()
 	for _, r := range joining {
 		r.SetState(StateRunning)
 		d.replicas = append(d.replicas, r)
-		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica added by discovery")
+		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica added for its target")
 	}
-	added := len(joining)
-	if added > 0 {
+	if len(joining) > 0 {
 		d.spec.NumReplicas = len(d.replicas)
 		d.rebuildPoolLocked()
 		d.publishLocked()
-	}
-	d.unconnected = nil
-	for i, err := range errs {
-		if err != nil {
-			d.unconnected = append(d.unconnected, TargetError{Target: fresh[i], Error: err.Error()})
-		}
 	}
 	d.mu.Unlock()
 	for _, r := range clashed {
@@ -266,7 +271,7 @@ func (d *Deployment) SetTargets(targets []string) error {
 			_ = s.Stop(d.ctx)
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // TargetError is a target a deployment could not connect to, and why.
@@ -314,13 +319,13 @@ func (d *Deployment) ReportUnreachable(h Handle) {
 
 // Reconnected tells the deployment that rs, the actors of a replica host
 // that was unreachable, can be reached again. A host that was restarted
-// holds the user_config it was started with, not the one the deployment
-// was reconfigured with since: if the two differ, rs stay out of routing
-// until the health loop has given them the deployment's; then a health
-// check brings them back. It does not wait.
+// holds the user_config it was started with, which need not be the
+// deployment's: rs stay out of routing until the health loop has given
+// them the deployment's (when it has one); then a health check brings
+// them back. It does not wait.
 func (d *Deployment) Reconnected(rs []Replica) {
 	d.mu.Lock()
-	if !bytes.Equal(d.spec.UserConfig, d.startConfig) {
+	if d.spec.UserConfig != nil {
 		in := make(map[Replica]bool, len(d.replicas))
 		for _, r := range d.replicas {
 			in[r] = true
@@ -341,19 +346,137 @@ func (d *Deployment) Reconnected(rs []Replica) {
 	d.CheckHealthNow()
 }
 
-// syncReconnected gives the replicas waiting for the deployment's
-// user_config (a host back from an outage, or one that failed a
-// reconfigure) the current one. Those that take it are checked, and back
-// in routing, in the health round that follows; the others wait for the
-// next round's try.
-func (d *Deployment) syncReconnected(ctx context.Context) {
-	d.mu.Lock()
-	pending := len(d.unsync) > 0
-	d.mu.Unlock()
-	if !pending {
+// ReplaceTarget has target connected anew, its replicas replaced by those
+// of the new connection: a replica host back with other actors than it
+// had (restarted with another number of them, say), whose missing ones
+// would fail their checks for ever and whose new ones would get nothing.
+// The health loop has it done; ReplaceTarget does not wait.
+func (d *Deployment) ReplaceTarget(target string) {
+	if d.spec.Connect == nil {
 		return
 	}
-	d.control.Lock() // no Reconfigure in between: rs get the config that stands
+	d.mu.Lock()
+	d.renew[target] = true
+	d.mu.Unlock()
+	d.CheckHealthNow()
+}
+
+// startRepair runs a repair pass in the background, unless one runs: the
+// targets to connect anew and the replicas waiting for their user_config.
+// Only the health loop calls it, so that its d.wg.Add comes before Stop's
+// Wait.
+func (d *Deployment) startRepair(ctx context.Context) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.repairing || len(d.renew) == 0 && len(d.unsync) == 0 {
+		return
+	}
+	d.repairing = true
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.repair(ctx)
+		d.mu.Lock()
+		d.repairing = false
+		d.mu.Unlock()
+	}()
+}
+
+// repair makes one pass: each target to renew is connected anew, and the
+// replicas waiting for the user_config are given it; then a health round
+// brings back those that took it. What failed waits for the next round.
+func (d *Deployment) repair(ctx context.Context) {
+	d.mu.Lock()
+	var renew []string
+	for t := range d.renew {
+		renew = append(renew, t)
+	}
+	clear(d.renew)
+	d.mu.Unlock()
+	slices.Sort(renew)
+	for _, t := range renew {
+		d.renewTarget(ctx, t)
+	}
+	d.syncUnsync(ctx)
+	if ctx.Err() == nil {
+		d.CheckHealthNow()
+	}
+}
+
+// renewTarget retires target's replicas, waits for them to drain (the new
+// ones may have their ids), then connects it again if it is still wanted
+// and not connected meanwhile. A failed connection is tried again at the
+// next health round.
+func (d *Deployment) renewTarget(ctx context.Context, target string) {
+	d.control.Lock()
+	if d.stopped {
+		d.control.Unlock()
+		return
+	}
+	d.mu.Lock()
+	var olds []Replica
+	for _, r := range d.replicas {
+		if d.targets[r] == target {
+			olds = append(olds, r)
+		}
+	}
+	wanted := d.want[target]
+	if wanted && len(olds) > 0 {
+		d.log().Info().Str("target", target).Int("replicas", len(olds)).Msg("replacing the replicas of a target that came back with other actors")
+		d.retireLocked(olds...)
+		d.spec.NumReplicas = len(d.replicas)
+	}
+	d.mu.Unlock()
+	d.control.Unlock()
+	if !wanted {
+		return // gone from the list meanwhile
+	}
+
+	deadline := time.Now().Add(d.spec.GracefulShutdownTimeout + time.Second)
+	for d.draining(target) && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+
+	d.control.Lock()
+	defer d.control.Unlock()
+	if d.stopped {
+		return
+	}
+	d.mu.Lock()
+	connected := slices.ContainsFunc(d.replicas, func(r Replica) bool { return d.targets[r] == target })
+	wanted = d.want[target]
+	d.mu.Unlock()
+	if !wanted || connected {
+		return // a list or discovery answer took it meanwhile
+	}
+	err := d.connectTargets([]string{target})[0]
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.unconnected = slices.DeleteFunc(d.unconnected, func(te TargetError) bool { return te.Target == target })
+	if err != nil {
+		d.log().Warn().Err(err).Str("target", target).Msg("connecting a target anew failed; tried again at the next health check")
+		d.unconnected = append(d.unconnected, TargetError{Target: target, Error: err.Error()})
+		d.renew[target] = true
+	}
+}
+
+// draining reports whether replicas of target are still draining.
+func (d *Deployment) draining(target string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.ContainsFunc(d.retired, func(r Replica) bool { return d.targets[r] == target })
+}
+
+// syncUnsync gives the replicas waiting for the deployment's user_config
+// (a host back from an outage, or one that failed or did not answer a
+// reconfigure) the current one. control is held for it, as for a
+// Reconfigure, so that no other config overtakes it.
+func (d *Deployment) syncUnsync(ctx context.Context) {
+	d.control.Lock()
 	defer d.control.Unlock()
 	if d.stopped {
 		return
@@ -366,22 +489,22 @@ func (d *Deployment) syncReconnected(ctx context.Context) {
 		}
 	}
 	d.mu.Unlock()
-	d.giveUserConfig(ctx, rs, "reconnected")
+	d.giveUserConfig(ctx, rs, "waiting for it")
 }
 
 // giveUserConfig reconfigures rs, replicas that were not there for the
-// deployment's last reconfigure, with its user_config. It is the config
-// of replicas that join, and its error keeps one out of routing (tried
-// again at each health round): a replica host serves what it was started
-// with otherwise. rs are taken out of unsync once they took it. control
-// must be held.
+// deployment's last reconfigure (or did not take it), with its
+// user_config, if it has one. Its error keeps a replica out of routing,
+// tried again at each health round: a replica host serves what it was
+// started with otherwise. rs are taken out of unsync once they took it.
+// control must be held.
 func (d *Deployment) giveUserConfig(ctx context.Context, rs []Replica, why string) {
-	if len(rs) == 0 {
-		return
-	}
 	d.mu.Lock()
 	userConfig := d.spec.UserConfig
 	d.mu.Unlock()
+	if len(rs) == 0 || userConfig == nil {
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, d.spec.HealthCheckTimeout)
 	defer cancel()
 	actors := make([]Actor, len(rs))
@@ -406,72 +529,4 @@ func (d *Deployment) giveUserConfig(ctx context.Context, rs []Replica, why strin
 	d.publishLocked()
 	d.mu.Unlock()
 	log.Info().Str("replicas", why).Int("count", len(rs)).Int("failed", failed).Msg("user_config given to replicas that were not there for the last reconfigure")
-}
-
-// ReplaceTarget has target connected anew, its replicas replaced by those
-// of the new connection: a replica host back with other actors than it
-// had (restarted with another number of them, say), whose missing ones
-// would fail their checks for ever and whose new ones would get nothing.
-// The health loop does it; ReplaceTarget does not wait.
-func (d *Deployment) ReplaceTarget(target string) {
-	if d.spec.Connect == nil {
-		return
-	}
-	d.mu.Lock()
-	d.renew[target] = true
-	d.mu.Unlock()
-	d.CheckHealthNow()
-}
-
-// renewTargets connects anew the targets ReplaceTarget named: their old
-// replicas leave routing and drain first (the new ones may have their
-// ids), then the target is connected as a new one.
-func (d *Deployment) renewTargets(ctx context.Context) {
-	d.mu.Lock()
-	var renew []string
-	for t := range d.renew {
-		renew = append(renew, t)
-	}
-	clear(d.renew)
-	d.mu.Unlock()
-	for _, target := range renew {
-		d.mu.Lock()
-		var all, others []string
-		seen := map[string]bool{}
-		for _, r := range d.replicas {
-			if t := d.targets[r]; !seen[t] {
-				seen[t] = true
-				all = append(all, t)
-				if t != target {
-					others = append(others, t)
-				}
-			}
-		}
-		d.mu.Unlock()
-		if !seen[target] {
-			continue // gone from the targets meanwhile
-		}
-		d.log().Info().Str("target", target).Msg("replacing the replicas of a target that came back with other actors")
-		if err := d.SetTargets(others); err != nil {
-			d.log().Warn().Err(err).Msg("replacing a target's replicas")
-		}
-		// Until the old ones are gone, their ids are taken.
-		deadline := time.Now().Add(d.spec.GracefulShutdownTimeout + time.Second)
-		for d.draining(target) && time.Now().Before(deadline) && ctx.Err() == nil {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		if err := d.SetTargets(all); err != nil {
-			d.log().Warn().Err(err).Str("target", target).Msg("connecting a target anew failed; the next list or discovery answer tries again")
-		}
-	}
-}
-
-// draining reports whether replicas of target are still draining.
-func (d *Deployment) draining(target string) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return slices.ContainsFunc(d.retired, func(r Replica) bool { return d.targets[r] == target })
 }

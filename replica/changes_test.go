@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -119,9 +120,8 @@ func (s *toggleReconf) Reconfigure(_ context.Context, c json.RawMessage) error {
 }
 
 // A replica host back from an outage, or new to the deployment, may hold
-// the user_config it was started with: once the deployment was
-// reconfigured, its actors take the deployment's before they take
-// requests.
+// the user_config it was started with: its actors take the deployment's
+// before they take requests.
 func TestJoiningReplicasGetTheUserConfig(t *testing.T) {
 	handlers := map[string]*toggleReconf{}
 	var mu sync.Mutex
@@ -139,12 +139,13 @@ func TestJoiningReplicasGetTheUserConfig(t *testing.T) {
 		s, _ := handlers[target].seen.Load().(string)
 		return s
 	}
-	// Not reconfigured since the start: a joining one is left as it is.
+	// One that joins is given the deployment's, whatever it was started
+	// with.
 	if err := d.SetTargets([]string{"a", "b"}); err != nil {
 		t.Fatal(err)
 	}
-	if got := seen("b"); got != "" {
-		t.Fatalf("a replica joining a deployment never reconfigured got %q, want nothing", got)
+	if got := seen("b"); got != `{"v":1}` {
+		t.Fatalf("a replica joining got %q, want the deployment's user_config", got)
 	}
 	if _, err := d.Reconfigure(context.Background(), json.RawMessage(`{"v":2}`)); err != nil {
 		t.Fatal(err)
@@ -416,5 +417,143 @@ func TestSettledLatches(t *testing.T) {
 	}})
 	if !empty.Settled() {
 		t.Fatal("a deployment of targets with none is not settled at Start")
+	}
+}
+
+// noop is a handler that answers nothing.
+type noop struct{}
+
+func (noop) ServeHTTP(http.ResponseWriter, *http.Request) {}
+
+// targetsOf is the targets of d's replicas in routing, sorted.
+func targetsOf(d *Deployment) []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []string
+	for _, r := range d.replicas {
+		out = append(out, d.targets[r])
+	}
+	slices.Sort(out)
+	return out
+}
+
+// waitTargets waits up to 10 s for d's targets to be want.
+func waitTargets(t *testing.T, d *Deployment, want ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !slices.Equal(targetsOf(d), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("targets %v after 10 s, want %v (unconnected %v)", targetsOf(d), want, d.Unconnected())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A target replaced whose new connection fails once is tried again at
+// the next health round: a static list has nothing else to bring it back
+// (found by review).
+func TestReplaceTargetRetriesAFailedConnect(t *testing.T) {
+	var failA atomic.Bool
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a", "b"}, HealthCheckPeriod: 20 * time.Millisecond,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			if target == "a" && failA.Load() {
+				return nil, errors.New("host down again")
+			}
+			return []Replica{NewLocal(id, noop{}, 1, onRelease)}, nil
+		}})
+	failA.Store(true)
+	d.ReplaceTarget("a")
+	waitTargets(t, d, "b")
+	time.Sleep(100 * time.Millisecond) // rounds that fail to connect it
+	failA.Store(false)
+	waitTargets(t, d, "a", "b")
+}
+
+// A list set while a replacement waits for the old replicas' drain stands:
+// the replacement connects its target only if the list still has it, and
+// touches no other (found by review).
+func TestReplaceTargetKeepsAListSetMeanwhile(t *testing.T) {
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a", "b"}, HealthCheckPeriod: 20 * time.Millisecond,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			return []Replica{NewLocal(target+"/0", noop{}, 1, onRelease)}, nil
+		}})
+	var ra Replica
+	for _, r := range d.Replicas() {
+		if r.ID() == "a/0" {
+			ra = r
+		}
+	}
+	release, ok := ra.TryAcquire() // a request in flight keeps a's old replica draining
+	if !ok {
+		t.Fatal("no slot")
+	}
+	d.ReplaceTarget("a")
+	waitTargets(t, d, "b")
+	if err := d.SetTargets([]string{"a", "c"}); err == nil {
+		t.Fatal("a's old replica drains, but a was connected again at once")
+	}
+	release()
+	waitTargets(t, d, "a", "c")
+}
+
+// gatedCheck is a handler whose health check waits at gate, when set, and
+// whose Reconfigure fails while fail is set.
+type gatedCheck struct {
+	mu      sync.Mutex
+	gate    chan struct{}
+	entered chan struct{}
+	fail    atomic.Bool
+}
+
+func (*gatedCheck) ServeHTTP(http.ResponseWriter, *http.Request) {}
+func (g *gatedCheck) CheckHealth(context.Context) error {
+	g.mu.Lock()
+	gate := g.gate
+	g.mu.Unlock()
+	if gate != nil {
+		select {
+		case g.entered <- struct{}{}:
+		default:
+		}
+		<-gate
+	}
+	return nil
+}
+func (g *gatedCheck) Reconfigure(context.Context, json.RawMessage) error {
+	if g.fail.Load() {
+		return errors.New("no")
+	}
+	return nil
+}
+
+// A health check in flight when a reconfigure fails does not bring the
+// replica back into routing with its old config (found by review).
+func TestCheckInFlightKeepsUnsyncedOut(t *testing.T) {
+	first := &gatedCheck{entered: make(chan struct{}, 1)}
+	var n atomic.Int32
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a", "b"}, HealthCheckPeriod: 50 * time.Millisecond,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			h := first
+			if n.Add(1) > 1 {
+				h = &gatedCheck{}
+			}
+			return []Replica{NewLocal(id, h, 1, onRelease)}, nil
+		}})
+	gate := make(chan struct{})
+	first.mu.Lock()
+	first.gate = gate
+	first.mu.Unlock()
+	first.fail.Store(true)
+	<-first.entered // a round is checking a
+	if _, err := d.Reconfigure(context.Background(), json.RawMessage(`{"v":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	first.mu.Lock()
+	first.gate = nil
+	first.mu.Unlock()
+	close(gate)
+	time.Sleep(100 * time.Millisecond) // the check passes; later rounds' syncs fail
+	if got := d.Running(); got != 1 {
+		t.Errorf("%d replicas routed, want 1: the one with the old user_config is back", got)
 	}
 }

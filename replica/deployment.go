@@ -99,16 +99,18 @@ type Deployment struct {
 	// check begun before it cannot bring the replica back.
 	unreachableAt map[Replica]time.Time
 	targets       map[Replica]string // each replica's target, with Connect
-	// startConfig is the user_config the deployment started with, which
-	// replica hosts started from the same file (or flags) hold too; unsync
-	// are replicas of a host back from an outage that are to be given the
-	// deployment's user_config, if it differs, before they take requests
-	// again (see Reconnected).
-	startConfig json.RawMessage
-	unsync      map[Replica]bool
+	// want are the targets the deployment follows, with Connect: the
+	// last SetTargets', or spec.Targets.
+	want map[string]bool
+	// unsync are replicas to be given the deployment's user_config before
+	// they take requests (again): a host back from an outage, or one that
+	// failed or did not answer a reconfigure (see Reconnected).
+	unsync map[Replica]bool
 	// renew are targets to connect anew, their replicas replaced (a
 	// replica host back with other actors; see ReplaceTarget).
 	renew map[string]bool
+	// repairing is set while a repair pass runs (see startRepair).
+	repairing bool
 	// unconnected are the targets of the last SetTargets it could not
 	// connect to, with why.
 	unconnected []TargetError
@@ -149,7 +151,7 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 		excluded:      make(map[Replica]bool),
 		unreachableAt: make(map[Replica]time.Time),
 		targets:       make(map[Replica]string),
-		startConfig:   spec.UserConfig,
+		want:          make(map[string]bool, len(spec.Targets)),
 		unsync:        make(map[Replica]bool),
 		renew:         make(map[string]bool),
 		wake:          make(chan struct{}, 1),
@@ -168,6 +170,9 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 	}
 	switch {
 	case spec.Connect != nil:
+		for _, t := range spec.Targets {
+			d.want[t] = true
+		}
 		for _, t := range spec.Targets {
 			rs, err := d.connect(startCtx, t)
 			if err != nil {

@@ -19,13 +19,11 @@ func (d *Deployment) healthLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			d.renewTargets(ctx)
-			d.syncReconnected(ctx)
+			d.startRepair(ctx)
 			d.checkHealth(ctx)
 			d.kick() // and retry starts that failed
 		case <-d.checkNow:
-			d.renewTargets(ctx)
-			d.syncReconnected(ctx)
+			d.startRepair(ctx)
 			d.checkHealth(ctx)
 		}
 	}
