@@ -1,0 +1,226 @@
+package replica
+
+// Repairs: the replicas of a deployment that follows targets which came
+// back different from how they left (a replica host restarted with
+// another config or other actors) are brought in line, beside the health
+// loop.
+
+import (
+	"context"
+	"slices"
+	"time"
+)
+
+// Reconnected tells the deployment that rs, the actors of a replica host
+// that was unreachable, can be reached again. A host that was restarted
+// holds the user_config it was started with, which need not be the
+// deployment's: rs stay out of routing until the health loop has given
+// them the deployment's (when it has one); then a health check brings
+// them back. It does not wait.
+func (d *Deployment) Reconnected(rs []Replica) {
+	d.mu.Lock()
+	if d.spec.UserConfig != nil {
+		in := make(map[Replica]bool, len(d.replicas))
+		for _, r := range d.replicas {
+			in[r] = true
+		}
+		changed := false
+		for _, r := range rs {
+			if in[r] {
+				d.unsync[r] = true
+				changed = changed || !d.excluded[r]
+				d.excluded[r] = true
+			}
+		}
+		if changed {
+			d.publishLocked()
+		}
+	}
+	d.mu.Unlock()
+	d.CheckHealthNow()
+}
+
+// ReplaceTarget has target connected anew, its replicas replaced by those
+// of the new connection: a replica host back with other actors than it
+// had (restarted with another number of them, say), whose missing ones
+// would fail their checks for ever and whose new ones would get nothing.
+// The health loop has it done; ReplaceTarget does not wait.
+func (d *Deployment) ReplaceTarget(target string) {
+	if d.spec.Connect == nil {
+		return
+	}
+	d.mu.Lock()
+	d.renew[target] = true
+	d.mu.Unlock()
+	d.CheckHealthNow()
+}
+
+// startRepair runs a repair pass in the background, unless one runs: the
+// targets to connect anew and the replicas waiting for their user_config.
+// Only the health loop calls it, so that its d.wg.Add comes before Stop's
+// Wait.
+func (d *Deployment) startRepair(ctx context.Context) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.repairing || len(d.renew) == 0 && len(d.unsync) == 0 {
+		return
+	}
+	d.repairing = true
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.repair(ctx)
+		d.mu.Lock()
+		d.repairing = false
+		d.mu.Unlock()
+	}()
+}
+
+// repair makes one pass: each target to renew is connected anew, and the
+// replicas waiting for the user_config are given it; then a health round
+// brings back those that took it. What failed waits for the next round.
+func (d *Deployment) repair(ctx context.Context) {
+	d.mu.Lock()
+	var renew []string
+	for t := range d.renew {
+		renew = append(renew, t)
+	}
+	clear(d.renew)
+	d.mu.Unlock()
+	slices.Sort(renew)
+	for _, t := range renew {
+		d.renewTarget(ctx, t)
+	}
+	d.syncUnsync(ctx)
+	if ctx.Err() == nil {
+		d.CheckHealthNow()
+	}
+}
+
+// renewTarget retires target's replicas, waits for them to drain (the new
+// ones may have their ids), then connects it again if it is still wanted
+// and not connected meanwhile. A failed connection is tried again at the
+// next health round.
+func (d *Deployment) renewTarget(ctx context.Context, target string) {
+	d.control.Lock()
+	if d.stopped {
+		d.control.Unlock()
+		return
+	}
+	d.mu.Lock()
+	var olds []Replica
+	for _, r := range d.replicas {
+		if d.targets[r] == target {
+			olds = append(olds, r)
+		}
+	}
+	wanted := d.want[target]
+	if wanted && len(olds) > 0 {
+		d.log().Info().Str("target", target).Int("replicas", len(olds)).Msg("replacing the replicas of a target that came back with other actors")
+		d.retireLocked(olds...)
+		d.spec.NumReplicas = len(d.replicas)
+	}
+	d.mu.Unlock()
+	d.control.Unlock()
+	if !wanted {
+		return // gone from the list meanwhile
+	}
+
+	deadline := time.Now().Add(d.spec.GracefulShutdownTimeout + time.Second)
+	for d.draining(target) && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+
+	d.control.Lock()
+	defer d.control.Unlock()
+	if d.stopped {
+		return
+	}
+	d.mu.Lock()
+	connected := slices.ContainsFunc(d.replicas, func(r Replica) bool { return d.targets[r] == target })
+	wanted = d.want[target]
+	d.mu.Unlock()
+	if !wanted || connected {
+		return // a list or discovery answer took it meanwhile
+	}
+	err := d.connectTargets([]string{target})[0]
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.unconnected = slices.DeleteFunc(d.unconnected, func(te TargetError) bool { return te.Target == target })
+	if err != nil {
+		d.log().Warn().Err(err).Str("target", target).Msg("connecting a target anew failed; tried again at the next health check")
+		d.unconnected = append(d.unconnected, TargetError{Target: target, Error: err.Error()})
+		d.renew[target] = true
+	}
+}
+
+// draining reports whether replicas of target are still draining.
+func (d *Deployment) draining(target string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.ContainsFunc(d.retired, func(r Replica) bool { return d.targets[r] == target })
+}
+
+// syncUnsync gives the replicas waiting for the deployment's user_config
+// (a host back from an outage, or one that failed or did not answer a
+// reconfigure) the current one. control is held for it, as for a
+// Reconfigure, so that no other config overtakes it.
+func (d *Deployment) syncUnsync(ctx context.Context) {
+	d.control.Lock()
+	defer d.control.Unlock()
+	if d.stopped {
+		return
+	}
+	d.mu.Lock()
+	var rs []Replica
+	for _, r := range d.replicas {
+		if d.unsync[r] {
+			rs = append(rs, r)
+		}
+	}
+	d.mu.Unlock()
+	d.giveUserConfig(ctx, rs, "waiting for it")
+}
+
+// giveUserConfig reconfigures rs, replicas that were not there for the
+// deployment's last reconfigure (or did not take it), with its
+// user_config, if it has one. Its error keeps a replica out of routing,
+// tried again at each health round: a replica host serves what it was
+// started with otherwise. rs are taken out of unsync once they took it.
+// control must be held.
+func (d *Deployment) giveUserConfig(ctx context.Context, rs []Replica, why string) {
+	d.mu.Lock()
+	userConfig := d.spec.UserConfig
+	d.mu.Unlock()
+	if len(rs) == 0 || userConfig == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.spec.HealthCheckTimeout)
+	defer cancel()
+	actors := make([]Actor, len(rs))
+	for i, r := range rs {
+		actors[i] = r
+	}
+	results := NewPool(actors...).Broadcast(ctx, Call{Method: MethodReconfigure, Payload: userConfig})
+	log := d.log()
+	failed := 0
+	d.mu.Lock()
+	for i, res := range results {
+		r := rs[i]
+		if res.Err == nil {
+			delete(d.unsync, r)
+			continue
+		}
+		failed++
+		log.Error().Str("replica", r.ID()).Err(res.Err).Msg("replica did not take the deployment's user_config: out of routing until it does (tried again at each health check)")
+		d.unsync[r] = true
+		d.excluded[r] = true
+	}
+	d.publishLocked()
+	d.mu.Unlock()
+	log.Info().Str("replicas", why).Int("count", len(rs)).Int("failed", failed).Msg("user_config given to replicas that were not there for the last reconfigure")
+}
