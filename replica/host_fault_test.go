@@ -554,3 +554,36 @@ func TestHostTimeoutAfterUpload(t *testing.T) {
 		t.Errorf("an actor answering after 1 s, with a timeout of 200 ms: %v, want a *TimeoutError", err)
 	}
 }
+
+// An actor that takes no more of a streamed upload, and does not answer,
+// is a timeout: the waits for credit count, as the wait for the answer
+// does.
+func TestHostStalledUploadTimesOut(t *testing.T) {
+	noLeaks(t)
+	release := make(chan struct{})
+	_, addr := startHost(t, HostConfig{Factory: factoryOf(func(w http.ResponseWriter, r *http.Request) {
+		select { // reads none of the body
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}), Replicas: 1, MaxOngoing: 4})
+	t.Cleanup(func() { close(release) })
+	c := connect(t, addr, HostOptions{ResponseHeaderTimeout: 200 * time.Millisecond})
+	req := httptest.NewRequest(http.MethodPost, "/", io.LimitReader(zeros{}, 64<<20))
+	req.ContentLength = -1
+	start := time.Now()
+	if _, err := serveOn(t, c.Replicas()[0], req); !errors.As(err, new(*TimeoutError)) {
+		t.Errorf("an upload the actor takes none of: %v, want a *TimeoutError", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("took %v", took)
+	}
+}
+
+// zeros reads as endless zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}

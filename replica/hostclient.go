@@ -1081,35 +1081,18 @@ func (r *hostReplica) Serve(w http.ResponseWriter, req *http.Request) error {
 		giveBack()
 		return &UnreachableError{Replica: r.id, Err: err}
 	}
-	// The wait for the answer begins once the request is sent, body
-	// included, as net/http's ResponseHeaderTimeout does: a slow upload
-	// is no slow replica.
+	// replica_timeout_s bounds the waits on the host, as net/http's
+	// ResponseHeaderTimeout does: for its answer once the request is
+	// sent, body included, and, for a streamed body, for each credit to
+	// send more. The waits for the client's body do not count: a slow
+	// upload is no slow replica.
 	var timeout <-chan time.Time
-	var sent func()
+	var wait *hostWait
 	if d := c.o.ResponseHeaderTimeout; d > 0 {
 		if streamed {
-			fire := make(chan time.Time) // closed at the deadline
-			var (
-				mu   sync.Mutex
-				t    *time.Timer
-				over bool // the answer began, or the request failed
-			)
-			sent = func() { // once, from pumpBody
-				mu.Lock()
-				defer mu.Unlock()
-				if !over {
-					t = time.AfterFunc(d, func() { close(fire) })
-				}
-			}
-			defer func() {
-				mu.Lock()
-				defer mu.Unlock()
-				over = true
-				if t != nil {
-					t.Stop()
-				}
-			}()
-			timeout = fire
+			wait = newHostWait(d)
+			defer wait.end()
+			timeout = wait.fire
 		} else {
 			t := time.NewTimer(d)
 			defer t.Stop()
@@ -1123,7 +1106,7 @@ func (r *hostReplica) Serve(w http.ResponseWriter, req *http.Request) error {
 		// Without it, net/http's server drops the rest of the client's
 		// body when the response begins.
 		_ = http.NewResponseController(w).EnableFullDuplex()
-		go pumpBody(ctx, cc, s, guard, sent)
+		go pumpBody(ctx, cc, s, guard, wait)
 	}
 
 	typ, err := s.waitHead(ctx, timeout)
@@ -1218,14 +1201,17 @@ func (r *hostReplica) Serve(w http.ResponseWriter, req *http.Request) error {
 // pumpBody sends a streamed request body in data frames, as the host's
 // credit allows. The first credit comes when the host takes the request,
 // so a refused request has nothing of its body read. It ends at the body's
-// end (then it calls sent, if not nil), when the stream is over (its
-// window closed), or at the first read error, which fails the stream.
-func pumpBody(ctx context.Context, cc *hostLink, s *linkStream, guard *bodyGuard, sent func()) {
+// end, when the stream is over (its window closed), or at the first read
+// error, which fails the stream. wait, if not nil, runs while it waits on
+// the host: for credit, and after the body's end.
+func pumpBody(ctx context.Context, cc *hostLink, s *linkStream, guard *bodyGuard, wait *hostWait) {
 	bp := copyBufPool.Get().(*[]byte)
 	defer copyBufPool.Put(bp)
 	buf := (*bp)[:min(len(*bp), dataChunk)]
 	for {
+		wait.on(true)
 		n, err := s.win.acquire(ctx, len(buf))
+		wait.on(false)
 		if err != nil {
 			return
 		}
@@ -1241,9 +1227,7 @@ func pumpBody(ctx context.Context, cc *hostLink, s *linkStream, guard *bodyGuard
 				return
 			}
 			if end {
-				if sent != nil {
-					sent()
-				}
+				wait.on(true) // for the answer
 				return
 			}
 		}
@@ -1267,6 +1251,59 @@ func pumpBody(ctx context.Context, cc *hostLink, s *linkStream, guard *bodyGuard
 			cc.cancel(s)
 			return
 		}
+	}
+}
+
+// hostWait is replica_timeout_s for a request whose body streams: a timer
+// that runs only while the request waits on the host, and closes fire
+// when one wait lasts d.
+type hostWait struct {
+	d    time.Duration
+	fire chan time.Time
+	mu   sync.Mutex
+	t    *time.Timer
+	done bool // fired, or the request is over
+}
+
+func newHostWait(d time.Duration) *hostWait {
+	return &hostWait{d: d, fire: make(chan time.Time)}
+}
+
+// on starts (true) or stops a wait on the host. A nil hostWait does
+// nothing.
+func (w *hostWait) on(waiting bool) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.done:
+	case waiting && w.t == nil:
+		w.t = time.AfterFunc(w.d, w.expire)
+	case waiting:
+		w.t.Reset(w.d)
+	case w.t != nil:
+		w.t.Stop()
+	}
+}
+
+func (w *hostWait) expire() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.done = true
+		close(w.fire)
+	}
+}
+
+// end stops the timer for good: the request is over.
+func (w *hostWait) end() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.done = true
+	if w.t != nil {
+		w.t.Stop()
 	}
 }
 

@@ -669,13 +669,16 @@ func (cc *clientConn) writeHead(req *http.Request, hasBody, chunked bool) error 
 // response's reader: the replica may have answered before it stopped
 // reading (a 413 to an upload), and the read ends either way.
 func (cc *clientConn) writeBody(req *http.Request, chunked bool, wrote chan<- error, deadline *headDeadline) {
-	bodyFailed, err := cc.copyRequestBody(req, chunked)
+	bodyFailed, err := cc.copyRequestBody(req, chunked, deadline)
 	_ = req.Body.Close()
 	if err == nil && deadline != nil {
 		deadline.bodySent()
 	}
 	wrote <- err
-	if bodyFailed {
+	if ne, ok := errors.AsType[net.Error](err); bodyFailed || ok && ne.Timeout() {
+		// A replica that stopped taking the body is done with, as is one
+		// whose body failed; a write that failed otherwise (a 413 cut
+		// the upload short) leaves the answer to be read.
 		cc.close()
 	}
 }
@@ -708,12 +711,26 @@ func (h *headDeadline) headRead() error {
 }
 
 // copyRequestBody writes req's body; bodyFailed says that an error came
-// from the body, not from the connection.
-func (cc *clientConn) copyRequestBody(req *http.Request, chunked bool) (bodyFailed bool, err error) {
+// from the body, not from the connection. With deadline, each write may
+// wait for the replica to take it for deadline.d: a replica that stops
+// reading is a timeout, and the waits for the client's body do not
+// count.
+func (cc *clientConn) copyRequestBody(req *http.Request, chunked bool, deadline *headDeadline) (bodyFailed bool, err error) {
 	bp := copyBufPool.Get().(*[]byte)
 	defer copyBufPool.Put(bp)
 	buf := *bp
 	bw := cc.bw
+	waiting := func(on bool) { // on the replica
+		if deadline == nil {
+			return
+		}
+		var t time.Time
+		if on {
+			t = time.Now().Add(deadline.d)
+		}
+		_ = cc.conn.SetWriteDeadline(t)
+	}
+	defer waiting(false)
 	left := req.ContentLength
 	for {
 		p := buf
@@ -727,6 +744,7 @@ func (cc *clientConn) copyRequestBody(req *http.Request, chunked bool) (bodyFail
 			rerr = io.EOF
 		}
 		if n > 0 {
+			waiting(true)
 			if chunked {
 				_, _ = bw.Write(strconv.AppendInt(cc.wbuf[:0], int64(n), 16))
 				_, _ = bw.WriteString("\r\n")
@@ -741,6 +759,7 @@ func (cc *clientConn) copyRequestBody(req *http.Request, chunked bool) (bodyFail
 			if err := bw.Flush(); err != nil {
 				return false, err
 			}
+			waiting(false)
 		}
 		if rerr == io.EOF {
 			break
@@ -749,6 +768,7 @@ func (cc *clientConn) copyRequestBody(req *http.Request, chunked bool) (bodyFail
 			return true, rerr
 		}
 	}
+	waiting(true)
 	if !chunked {
 		if left > 0 {
 			return true, fmt.Errorf("upstream client: the request body ended %d bytes short of its Content-Length: %w", left, io.ErrUnexpectedEOF)

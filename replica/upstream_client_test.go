@@ -748,3 +748,25 @@ func TestUpstreamClientPostChecksReuse(t *testing.T) {
 		t.Errorf("%d connections for 3 POSTs, want 3", n)
 	}
 }
+
+// A replica that stops reading a large upload is a timeout too: each
+// write of the body may wait for it up to the response header timeout.
+func TestUpstreamClientStalledReplicaTimesOut(t *testing.T) {
+	leakCheck(t)
+	stop := make(chan struct{})
+	url := rawServer(t, func(c net.Conn) {
+		_ = readRequestHead(c)
+		<-stop // reads no more
+	})
+	t.Cleanup(func() { close(stop) })
+	c := newClient(t, TransportOptions{ResponseHeaderTimeout: 200 * time.Millisecond, DialTimeout: 2 * time.Second})
+	u := newUpstream(t, url, UpstreamOptions{Transport: c})
+	r := httptest.NewRequest(http.MethodPost, "http://front.test/", bytes.NewReader(make([]byte, 64<<20)))
+	start := time.Now()
+	if err := serveOnce(t, u, newSpy(), r); !errors.As(err, new(*TimeoutError)) {
+		t.Errorf("an upload to a replica that stopped reading: %v, want a *TimeoutError", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("took %v", took)
+	}
+}
