@@ -557,3 +557,33 @@ func TestCheckInFlightKeepsUnsyncedOut(t *testing.T) {
 		t.Errorf("%d replicas routed, want 1: the one with the old user_config is back", got)
 	}
 }
+
+// countReconf is a handler whose Reconfigure always fails, counted.
+type countReconf struct{ calls atomic.Int32 }
+
+func (*countReconf) ServeHTTP(http.ResponseWriter, *http.Request) {}
+func (c *countReconf) Reconfigure(context.Context, json.RawMessage) error {
+	c.calls.Add(1)
+	return errors.New("no")
+}
+
+// A replica that keeps refusing the user_config is tried again once a
+// health period, not at once and again (found by review of the repairs).
+func TestFailingSyncWaitsForThePeriod(t *testing.T) {
+	bad := &countReconf{}
+	var n atomic.Int32
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a", "b"}, HealthCheckPeriod: 100 * time.Millisecond,
+		Connect: func(_ context.Context, id, _ string, onRelease func()) ([]Replica, error) {
+			if n.Add(1) == 1 {
+				return []Replica{NewLocal(id, bad, 1, onRelease)}, nil
+			}
+			return []Replica{NewLocal(id, &toggleReconf{}, 1, onRelease)}, nil
+		}})
+	if _, err := d.Reconfigure(context.Background(), json.RawMessage(`{"v":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if got := bad.calls.Load(); got > 15 {
+		t.Errorf("%d reconfigures in a second with a health period of 100 ms: tried again at once", got)
+	}
+}

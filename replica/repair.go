@@ -88,11 +88,14 @@ func (d *Deployment) repair(ctx context.Context) {
 	clear(d.renew)
 	d.mu.Unlock()
 	slices.Sort(renew)
+	progress := false
 	for _, t := range renew {
-		d.renewTarget(ctx, t)
+		progress = d.renewTarget(ctx, t) || progress
 	}
-	d.syncUnsync(ctx)
-	if ctx.Err() == nil {
+	progress = d.syncUnsync(ctx) > 0 || progress
+	// Only for progress: what failed waits for the next period, rather
+	// than be tried again at once, and again.
+	if progress && ctx.Err() == nil {
 		d.CheckHealthNow()
 	}
 }
@@ -100,12 +103,12 @@ func (d *Deployment) repair(ctx context.Context) {
 // renewTarget retires target's replicas, waits for them to drain (the new
 // ones may have their ids), then connects it again if it is still wanted
 // and not connected meanwhile. A failed connection is tried again at the
-// next health round.
-func (d *Deployment) renewTarget(ctx context.Context, target string) {
+// next health round. It reports whether it connected the target.
+func (d *Deployment) renewTarget(ctx context.Context, target string) bool {
 	d.control.Lock()
 	if d.stopped {
 		d.control.Unlock()
-		return
+		return false
 	}
 	d.mu.Lock()
 	var olds []Replica
@@ -123,14 +126,14 @@ func (d *Deployment) renewTarget(ctx context.Context, target string) {
 	d.mu.Unlock()
 	d.control.Unlock()
 	if !wanted {
-		return // gone from the list meanwhile
+		return false // gone from the list meanwhile
 	}
 
 	deadline := time.Now().Add(d.spec.GracefulShutdownTimeout + time.Second)
 	for d.draining(target) && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
@@ -138,14 +141,14 @@ func (d *Deployment) renewTarget(ctx context.Context, target string) {
 	d.control.Lock()
 	defer d.control.Unlock()
 	if d.stopped {
-		return
+		return false
 	}
 	d.mu.Lock()
 	connected := slices.ContainsFunc(d.replicas, func(r Replica) bool { return d.targets[r] == target })
 	wanted = d.want[target]
 	d.mu.Unlock()
 	if !wanted || connected {
-		return // a list or discovery answer took it meanwhile
+		return false // a list or discovery answer took it meanwhile
 	}
 	err := d.connectTargets([]string{target})[0]
 	d.mu.Lock()
@@ -155,7 +158,9 @@ func (d *Deployment) renewTarget(ctx context.Context, target string) {
 		d.log().Warn().Err(err).Str("target", target).Msg("connecting a target anew failed; tried again at the next health check")
 		d.unconnected = append(d.unconnected, TargetError{Target: target, Error: err.Error()})
 		d.renew[target] = true
+		return false
 	}
+	return true
 }
 
 // draining reports whether replicas of target are still draining.
@@ -168,12 +173,13 @@ func (d *Deployment) draining(target string) bool {
 // syncUnsync gives the replicas waiting for the deployment's user_config
 // (a host back from an outage, or one that failed or did not answer a
 // reconfigure) the current one. control is held for it, as for a
-// Reconfigure, so that no other config overtakes it.
-func (d *Deployment) syncUnsync(ctx context.Context) {
+// Reconfigure, so that no other config overtakes it. It returns how many
+// took it.
+func (d *Deployment) syncUnsync(ctx context.Context) int {
 	d.control.Lock()
 	defer d.control.Unlock()
 	if d.stopped {
-		return
+		return 0
 	}
 	d.mu.Lock()
 	var rs []Replica
@@ -183,21 +189,21 @@ func (d *Deployment) syncUnsync(ctx context.Context) {
 		}
 	}
 	d.mu.Unlock()
-	d.giveUserConfig(ctx, rs, "waiting for it")
+	return d.giveUserConfig(ctx, rs, "waiting for it")
 }
 
 // giveUserConfig reconfigures rs, replicas that were not there for the
 // deployment's last reconfigure (or did not take it), with its
 // user_config, if it has one. Its error keeps a replica out of routing,
 // tried again at each health round: a replica host serves what it was
-// started with otherwise. rs are taken out of unsync once they took it.
-// control must be held.
-func (d *Deployment) giveUserConfig(ctx context.Context, rs []Replica, why string) {
+// started with otherwise. rs are taken out of unsync once they took it;
+// it returns how many did. control must be held.
+func (d *Deployment) giveUserConfig(ctx context.Context, rs []Replica, why string) int {
 	d.mu.Lock()
 	userConfig := d.spec.UserConfig
 	d.mu.Unlock()
 	if len(rs) == 0 || userConfig == nil {
-		return
+		return 0
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.spec.HealthCheckTimeout)
 	defer cancel()
@@ -223,4 +229,5 @@ func (d *Deployment) giveUserConfig(ctx context.Context, rs []Replica, why strin
 	d.publishLocked()
 	d.mu.Unlock()
 	log.Info().Str("replicas", why).Int("count", len(rs)).Int("failed", failed).Msg("user_config given to replicas that were not there for the last reconfigure")
+	return len(rs) - failed
 }
