@@ -181,6 +181,13 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 			d.replicas = append(d.replicas, rs...)
 		}
 		d.spec.NumReplicas = len(d.replicas)
+		// A replica host holds the user_config it was started with,
+		// which need not be the deployment's: it gets this one before
+		// any request (one that refuses it stays out of routing).
+		d.giveUserConfig(startCtx, d.replicas, "connected at the start")
+		if err := ctx.Err(); err != nil {
+			return fail(err)
+		}
 	case spec.Start != nil:
 		d.replicas = d.startMany(startCtx, spec.NumReplicas)
 		if err := ctx.Err(); err != nil {

@@ -1296,3 +1296,29 @@ func TestReplicaHostBackWithOtherActors(t *testing.T) {
 		}
 	}
 }
+
+// TestHostsGetTheUserConfigAtStart starts a proxy in front of replica
+// hosts started with another user_config than the file's: from the first
+// request on, they serve the file's (they had served their own, while
+// /-/applications showed the file's; found by an exploratory run).
+func TestHostsGetTheUserConfigAtStart(t *testing.T) {
+	a := startReplicaHost(t, "-handler", "static", "-replicas", "2", "-user-config", `{"body":"flag1"}`)
+	b := startReplicaHost(t, "-handler", "static", "-replicas", "2", "-user-config", `{"body":"flag2"}`)
+	p := startProxy(t, nil, "-config", writeConfig(t, `applications:
+  - name: h
+    route_prefix: /
+    deployments:
+      - name: h
+        handler: host
+        hosts: ["`+a.addr+`", "`+b.addr+`"]
+        host_handler: static
+        num_replicas: 2
+        user_config: {body: file}
+`))
+	c := newClient(t, 8)
+	for i := range 100 {
+		if r := get(t, c, "http://"+p.HTTPAddr+"/"); r.status != 200 || r.body != "file" {
+			t.Fatalf("request %d: %d %q, want the file's user_config", i, r.status, r.body)
+		}
+	}
+}
