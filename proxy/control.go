@@ -88,16 +88,21 @@ func deploymentStatusOf(ctx context.Context, d *Deployment) deploymentStatus {
 // wants, and whether it gave up starting the missing ones.
 func deploymentHealth(replicas []replica.ReplicaStatus, want int, gaveUp bool) (status, message string) {
 	healthy := 0
-	var failing []string // in routing, and failing health checks
+	var failing, unsynced []string // running, out of routing
 	for _, r := range replicas {
 		switch {
 		case r.Healthy:
 			healthy++
+		case r.State == replica.StateRunning && r.Unsynced:
+			unsynced = append(unsynced, r.ID)
 		case r.State == replica.StateRunning:
 			failing = append(failing, r.ID)
 		}
 	}
 	switch {
+	case len(unsynced) > 0:
+		return statusUnhealthy, fmt.Sprintf("%d of %d replicas have not taken the deployment's user_config (%s): out of routing until they do (the log says why)",
+			len(unsynced), healthy+len(unsynced)+len(failing), strings.Join(unsynced, ", "))
 	case len(failing) > 0:
 		// Failing, not yet out: a replica leaves routing after 3 checks.
 		return statusUnhealthy, fmt.Sprintf("%d of %d replicas failing health checks (%s): the deployment is UNHEALTHY until they recover",

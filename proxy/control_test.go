@@ -418,6 +418,8 @@ func TestDeploymentHealth(t *testing.T) {
 				r.State = replica.StateRunning
 			case "draining":
 				r.State = replica.StateDraining
+			case "unsynced":
+				r.State, r.Unsynced = replica.StateRunning, true
 			}
 			out = append(out, r)
 		}
@@ -436,6 +438,7 @@ func TestDeploymentHealth(t *testing.T) {
 		{"scaling up", rs("ok"), 2, false, statusUpdating, "1 of 2 replicas running"},
 		{"gave up starting the rest", rs("ok"), 3, true, statusUnhealthy, "1 of 3 replicas running; starting the others failed max_constructor_retry_count rounds"},
 		{"one failing", rs("ok", "failing", "ok"), 3, false, statusUnhealthy, "1 of 3 replicas failing health checks (r1)"},
+		{"one refusing the user_config", rs("ok", "unsynced"), 2, false, statusUnhealthy, "1 of 2 replicas have not taken the deployment's user_config (r1)"},
 		{"the only one failing, still in routing", rs("failing", "draining"), 2, false, statusUnhealthy, "1 of 1 replicas failing health checks (r0)"},
 		{"none running", rs("draining"), 2, false, statusUnhealthy, "no replica is running (2 wanted): requests get 503"},
 		{"no replica at all", nil, 0, false, statusUnhealthy, "no replica is running (0 wanted)"},

@@ -586,4 +586,13 @@ func TestFailingSyncWaitsForThePeriod(t *testing.T) {
 	if got := bad.calls.Load(); got > 15 {
 		t.Errorf("%d reconfigures in a second with a health period of 100 ms: tried again at once", got)
 	}
+	unsynced := 0
+	for _, st := range d.Stats(context.Background()) {
+		if st.Unsynced {
+			unsynced++
+		}
+	}
+	if unsynced != 1 {
+		t.Errorf("%d replicas shown waiting for the user_config, want the one refusing it", unsynced)
+	}
 }

@@ -106,6 +106,8 @@ type Deployment struct {
 	// they take requests (again): a host back from an outage, or one that
 	// failed or did not answer a reconfigure (see Reconnected).
 	unsync map[Replica]bool
+	// refused are the unsync replicas whose refusal was logged: once.
+	refused map[Replica]bool
 	// renew are targets to connect anew, their replicas replaced (a
 	// replica host back with other actors; see ReplaceTarget).
 	renew map[string]bool
@@ -153,6 +155,7 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 		targets:       make(map[Replica]string),
 		want:          make(map[string]bool, len(spec.Targets)),
 		unsync:        make(map[Replica]bool),
+		refused:       make(map[Replica]bool),
 		renew:         make(map[string]bool),
 		wake:          make(chan struct{}, 1),
 		checkNow:      make(chan struct{}, 1),
@@ -344,6 +347,9 @@ type ReplicaStatus struct {
 	// Target is what the replica was connected to (an upstream's URL, a
 	// replica host's address), for a deployment that follows targets.
 	Target string `json:"target,omitempty"`
+	// Unsynced is set while the replica waits to take the deployment's
+	// user_config (it refused it, or has not been given it yet).
+	Unsynced bool `json:"waiting_for_user_config,omitempty"`
 }
 
 // Stats broadcasts MethodStats to every replica, the draining ones
@@ -352,8 +358,10 @@ func (d *Deployment) Stats(ctx context.Context) []ReplicaStatus {
 	d.mu.Lock()
 	pool := d.pool
 	healthy := make(map[string]bool, len(d.replicas))
+	unsynced := make(map[string]bool, len(d.unsync))
 	for _, r := range d.replicas {
 		healthy[r.ID()] = r.State() == StateRunning && d.failures[r] < 1 && !d.excluded[r]
+		unsynced[r.ID()] = d.unsync[r]
 	}
 	state := make(map[string]State, len(d.replicas)+len(d.retired))
 	for _, r := range slices.Concat(d.replicas, d.retired) {
@@ -379,6 +387,7 @@ func (d *Deployment) Stats(ctx context.Context) []ReplicaStatus {
 		// stalled host, a deadline) is no health verdict.
 		s.Healthy = healthy[s.ID] && (r.Err != nil || s.State == StateRunning)
 		s.Target = target[s.ID]
+		s.Unsynced = unsynced[s.ID]
 		out[i] = s
 	}
 	return out

@@ -151,6 +151,7 @@ func (d *Deployment) retireLocked(olds ...Replica) {
 		delete(d.excluded, old)
 		delete(d.unreachableAt, old)
 		delete(d.unsync, old)
+		delete(d.refused, old)
 		d.retired = append(d.retired, old)
 		batch = append(batch, old)
 	}

@@ -219,15 +219,24 @@ func (d *Deployment) giveUserConfig(ctx context.Context, rs []Replica, why strin
 		r := rs[i]
 		if res.Err == nil {
 			delete(d.unsync, r)
+			delete(d.refused, r)
 			continue
 		}
 		failed++
-		log.Error().Str("replica", r.ID()).Err(res.Err).Msg("replica did not take the deployment's user_config: out of routing until it does (tried again at each health check)")
+		ev := log.Debug() // said once at Error, not at every round
+		if !d.refused[r] {
+			ev, d.refused[r] = log.Error(), true
+		}
+		ev.Str("replica", r.ID()).Err(res.Err).Msg("replica did not take the deployment's user_config: out of routing until it does (tried again at each health check)")
 		d.unsync[r] = true
 		d.excluded[r] = true
 	}
 	d.publishLocked()
 	d.mu.Unlock()
-	log.Info().Str("replicas", why).Int("count", len(rs)).Int("failed", failed).Msg("user_config given to replicas that were not there for the last reconfigure")
+	ev := log.Info()
+	if failed == len(rs) {
+		ev = log.Debug() // nothing new: the refusals were said
+	}
+	ev.Str("replicas", why).Int("count", len(rs)).Int("failed", failed).Msg("user_config given to replicas that were not there for the last reconfigure")
 	return len(rs) - failed
 }
