@@ -89,6 +89,9 @@ type change struct {
 	what    string                                         // for the result: `application "a" deployment "d": num_replicas from 1 to 3`
 	apply   func(context.Context, *proxy.Deployment) error // nil for a record only
 	applied func()                                         // if not nil, records the change once made
+	// partial is set for a change that is made in part when it fails (a
+	// targets list: the others connected, the gone ones retired).
+	partial bool
 }
 
 // Reload reads the file, checks it, and makes the changes it asks for.
@@ -149,6 +152,11 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 			continue
 		case err != nil:
 			res.Failed = append(res.Failed, fmt.Sprintf("%s: %v", c.what, err))
+			if c.partial {
+				// The rest of the list was made: say so. It is not
+				// recorded, so that the next reload tries the rest again.
+				res.Applied = append(res.Applied, c.what+" (all but the targets that failed)")
+			}
 			continue
 		}
 		if c.applied != nil {
@@ -262,7 +270,7 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 		}
 		out = append(out, change{dep: dep, what: fmt.Sprintf("%s: %s %v", name, field, list),
 			apply:   func(_ context.Context, d *proxy.Deployment) error { return d.SetTargets(list) },
-			applied: func() { rl.targets[i][j] = list }})
+			applied: func() { rl.targets[i][j] = list }, partial: true})
 	}
 	// The file cannot give these a user_config, or never gave this one
 	// any (the admin API can): what runs stays.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -283,4 +284,33 @@ func TestReloadAppsByName(t *testing.T) {
 	if status != http.StatusConflict || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], `applications[1].name: "c" is no application that runs`) {
 		t.Errorf("reload renaming an application: %d %+v, want 409 naming it", status, res)
 	}
+}
+
+// A hosts list that is made but for a host that cannot be reached says
+// both: what was made and what failed (it had said only the failure).
+func TestReloadListMadeInPart(t *testing.T) {
+	a, b := startReplicaHost(t, "-handler", "static", "-replicas", "1"), startReplicaHost(t, "-handler", "static", "-replicas", "1")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close()
+	conf := func(hosts string) string {
+		return "applications:\n  - name: h\n    route_prefix: /\n    deployments:\n      - {name: h, handler: host, hosts: [" + hosts + "]}\n"
+	}
+	path := writeConfig(t, conf(`"`+a.addr+`", "`+b.addr+`"`))
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 4)
+	if err := os.WriteFile(path, []byte(conf(`"`+a.addr+`", "`+dead+`"`)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	status, res := postReload(t, c, p)
+	if status != http.StatusInternalServerError || len(res.Applied) != 1 || !strings.Contains(res.Applied[0], "all but the targets that failed") ||
+		len(res.Failed) != 1 || !strings.Contains(res.Failed[0], dead) {
+		t.Errorf("reload dropping one host and adding one that is down: %d %+v", status, res)
+	}
+	waitUntil(t, "the one replica of the host kept (the other drained)", func() bool {
+		return len(getApplications(t, c, p).Applications[0].Deployments[0].Replicas) == 1
+	})
 }
