@@ -69,6 +69,7 @@ func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage
 		case r.Err == nil:
 			if d.unsync[targets[i]] {
 				delete(d.unsync, targets[i]) // it has the config that stands
+				delete(d.refused, targets[i])
 				synced = true
 			}
 		case ctx.Err() != nil && errors.Is(r.Err, ctx.Err()):

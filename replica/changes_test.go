@@ -596,3 +596,33 @@ func TestFailingSyncWaitsForThePeriod(t *testing.T) {
 		t.Errorf("%d replicas shown waiting for the user_config, want the one refusing it", unsynced)
 	}
 }
+
+// An in-process replica whose reconfigure did not answer in time, then
+// failed when given the config again, is replaced, not kept out of
+// routing for ever.
+func TestTimedOutThenFailedReconfigureIsReplaced(t *testing.T) {
+	var built atomic.Int32
+	first := &slowReconf{delay: 300 * time.Millisecond, fail: true}
+	d := startDeployment(t, DeploymentSpec{NumReplicas: 1, HealthCheckPeriod: 50 * time.Millisecond,
+		Factory: func(json.RawMessage) (Handler, error) {
+			if built.Add(1) == 1 {
+				return first, nil
+			}
+			return &toggleReconf{}, nil
+		}})
+	old := d.Replicas()[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, _ = d.Reconfigure(ctx, json.RawMessage(`{"v":2}`))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rs := d.Replicas()
+		if len(rs) == 1 && rs[0] != old && d.Running() == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replicas %v (%d running) after 10 s, want the one that failed replaced", rs, d.Running())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

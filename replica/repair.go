@@ -214,6 +214,7 @@ func (d *Deployment) giveUserConfig(ctx context.Context, rs []Replica, why strin
 	results := NewPool(actors...).Broadcast(ctx, Call{Method: MethodReconfigure, Payload: userConfig})
 	log := d.log()
 	failed := 0
+	var replace []Replica
 	d.mu.Lock()
 	for i, res := range results {
 		r := rs[i]
@@ -223,6 +224,14 @@ func (d *Deployment) giveUserConfig(ctx context.Context, rs []Replica, why strin
 			continue
 		}
 		failed++
+		if d.Replaces() {
+			// One the deployment starts itself (a reconfigure that
+			// timed out, then failed) is replaced, as a failed
+			// reconfigure's is.
+			log.Error().Str("replica", r.ID()).Err(res.Err).Msg("replica failed to reconfigure: taken out of routing, to be replaced")
+			replace = append(replace, r)
+			continue
+		}
 		ev := log.Debug() // said once at Error, not at every round
 		if !d.refused[r] {
 			ev, d.refused[r] = log.Error(), true
@@ -232,6 +241,7 @@ func (d *Deployment) giveUserConfig(ctx context.Context, rs []Replica, why strin
 		d.excluded[r] = true
 	}
 	d.publishLocked()
+	d.retireLocked(replace...)
 	d.mu.Unlock()
 	ev := log.Info()
 	if failed == len(rs) {
