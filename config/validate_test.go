@@ -71,6 +71,7 @@ func TestParseErrors(t *testing.T) {
 		{"string as list", "applications:\n  - name: a\n    deployments:\n      - name: d\n        handler: [echo]\n", "applications[0].deployments[0].handler", 5, "must be a string, got a list"},
 		{"string as integer", "applications:\n  - name: 12\n    deployments: [{name: d, handler: h}]\n", "applications[0].name", 2, "must be a string, got integer 12"},
 		{"string as null", "applications:\n  - name: ~\n    deployments: [{name: d, handler: h}]\n", "applications[0].name", 2, "must be a string, got null"},
+		{"route_prefix null", "applications:\n  - name: a\n    route_prefix: null\n    deployments: [{name: d, handler: h}]\n", "applications[0].route_prefix", 3, "Serve's route_prefix: null) is not supported"},
 		{"list as string", "applications:\n  - name: a\n    deployments: dep\n", "applications[0].deployments", 3, `must be a list, got string "dep"`},
 		{"mapping as integer", "http_options: 5\n" + minimalYAML, "http_options", 1, "must be a mapping, got integer 5"},
 		{"element not a mapping", "applications: [a]\n", "applications[0]", 1, `must be a mapping, got string "a"`},

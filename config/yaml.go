@@ -344,6 +344,12 @@ func (d *decoder) scalar(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
 			return
 		}
 	}
+	if _, null := n.(*ast.NullNode); null && len(p) == 3 && p[2].key == "route_prefix" {
+		// Serve reads null as "not exposed over HTTP"; here every
+		// application is served at its prefix.
+		d.fail(p, at, "must be a string, got null: an application without HTTP (Serve's route_prefix: null) is not supported; give it a prefix, or leave the field out for /")
+		return
+	}
 	d.fail(p, at, "must be %s, got %s", kindNoun(dst.Kind()), describe(n))
 }
 
