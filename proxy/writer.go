@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"strconv"
 	"sync"
 )
 
@@ -11,6 +12,12 @@ type statusWriter struct {
 	w           http.ResponseWriter
 	status      int
 	wroteHeader bool
+	// written counts the body bytes written.
+	written int64
+	// fullDuplex is set once the handler read the request body full
+	// duplex; closing once the proxy answered for it on a connection
+	// that closes after (see finishBody).
+	fullDuplex, closing bool
 }
 
 var statusWriterPool = sync.Pool{New: func() any { return new(statusWriter) }}
@@ -43,7 +50,21 @@ func (sw *statusWriter) Write(b []byte) (int, error) {
 	if !sw.wroteHeader {
 		sw.status, sw.wroteHeader = http.StatusOK, true
 	}
-	return sw.w.Write(b)
+	n, err := sw.w.Write(b)
+	sw.written += int64(n)
+	return n, err
+}
+
+// complete reports whether the body written is all that the response's
+// Content-Length announced: the client has the whole answer once it is
+// flushed.
+func (sw *statusWriter) complete() bool {
+	cl := sw.w.Header()["Content-Length"]
+	if len(cl) != 1 {
+		return false
+	}
+	n, err := strconv.ParseInt(cl[0], 10, 64)
+	return err == nil && n == sw.written
 }
 
 // Flush implements http.Flusher, so that streamed responses stream.
@@ -54,6 +75,14 @@ func (sw *statusWriter) Flush() {
 	if f, ok := sw.w.(http.Flusher); ok {
 		f.Flush()
 	}
+}
+
+// EnableFullDuplex lets the handler read the request body while it writes
+// the response (http.ResponseController finds it here), and records that
+// it did.
+func (sw *statusWriter) EnableFullDuplex() error {
+	sw.fullDuplex = true
+	return http.NewResponseController(sw.w).EnableFullDuplex()
 }
 
 // Unwrap lets http.ResponseController reach the connection's writer.

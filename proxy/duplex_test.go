@@ -1,0 +1,102 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// A handler that reads the request body full duplex and returns before the
+// client sent all of it (a replica that answered early, or broke off) must
+// leave the connection usable: net/http starts its background read when
+// the rest of the body arrives after the handler returned, which made the
+// next request on the connection panic with "invalid concurrent Body.Read
+// call" and reset it (golang/go#68560).
+func TestFullDuplexEarlyAnswerKeepsTheConnection(t *testing.T) {
+	// An upstream that reads the request head and closes: the proxy
+	// answers 502 with the client's body still coming.
+	rude, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rude.Close()
+	go func() {
+		for {
+			c, err := rude.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil || line == "\r\n" {
+						break
+					}
+					if strings.HasPrefix(line, "GET / ") { // the health check
+						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+						return
+					}
+				}
+			}()
+		}
+	}()
+	early := handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		buf := make([]byte, 4)
+		_, _ = io.ReadFull(r.Body, buf) // some of it, then answer
+		w.Header().Set("Content-Length", "5")
+		_, _ = io.WriteString(w, "early")
+	})
+	logs := &syncBuffer{}
+	tp := startProxy(t, Options{Log: zerolog.New(logs)},
+		testDeployment{app: "early", prefix: "/early", factory: early},
+		testDeployment{app: "rude", prefix: "/rude", targets: []string{"http://" + rude.Addr().String()}})
+
+	// The early answer keeps the connection; the proxy's 502 closes it.
+	for _, tc := range []struct{ path, want string }{{"/early", "200"}, {"/rude", "502"}} {
+		t.Run(tc.path, func(t *testing.T) {
+			c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			br := bufio.NewReader(c)
+			_, _ = io.WriteString(c, "POST "+tc.path+" HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"+strings.Repeat("a", 10))
+			res, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("first answer: %v", err)
+			}
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			if got := res.Status[:3]; got != tc.want {
+				t.Fatalf("first answer %s, want %s", res.Status, tc.want)
+			}
+			// The rest of the body, then a second request on the same
+			// connection.
+			_, _ = io.WriteString(c, strings.Repeat("b", 990))
+			_, _ = io.WriteString(c, "GET "+tc.path+" HTTP/1.1\r\nHost: x\r\n\r\n")
+			closes := res.Close
+			res, err = http.ReadResponse(br, nil)
+			switch {
+			case closes && err == nil:
+				t.Fatalf("the connection was to close after the first answer, but it answered %s", res.Status)
+			case !closes && err != nil:
+				t.Fatalf("second request on the connection: %v", err)
+			case err == nil:
+				res.Body.Close()
+			}
+			if strings.Contains(logs.String(), "panic") {
+				t.Fatalf("the server panicked:\n%s", logs.String())
+			}
+		})
+	}
+}
