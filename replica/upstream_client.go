@@ -176,10 +176,18 @@ func (c *UpstreamClient) RoundTrip(req *http.Request) (*http.Response, error) {
 	// A request that could not be sent again after meeting a stale
 	// connection (a POST, say) has any idle connection checked first.
 	check := !replayable(req)
+	var sentErr error // the stale-looking connection's, once req went out on it
 	for {
 		cc, reused, err := p.get(ctx, fresh, check)
 		if err != nil {
 			closeReqBody(req)
+			if sentErr != nil {
+				// Refused now, the server may have died of req rather
+				// than closed an idle connection: req was sent, and
+				// must not count as never sent (it would go to another
+				// replica, which it could kill too).
+				return nil, sentErr
+			}
 			return nil, err
 		}
 		res, answered, err := cc.roundTrip(req)
@@ -188,6 +196,7 @@ func (c *UpstreamClient) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		if reused && !answered && !fresh && retryableOnNewConn(req, err) && ctx.Err() == nil {
 			fresh = true // once, on a connection of its own: it cannot be stale
+			sentErr = err
 			continue
 		}
 		return nil, err
