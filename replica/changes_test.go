@@ -104,6 +104,33 @@ func TestReconfigureFailureKeepsTargets(t *testing.T) {
 	}
 }
 
+// A reconfigure while no replica is in routing, one still draining, is
+// the config of the replicas to come: it had reached the draining one
+// through a broadcast to "every actor" and panicked on its result, with
+// the deployment's lock held (found by review).
+func TestReconfigureWithOnlyADrainingReplica(t *testing.T) {
+	h := &toggleReconf{}
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"h:1"},
+		Connect: func(_ context.Context, _, target string, onRelease func()) ([]Replica, error) {
+			return []Replica{NewLocal(target+"/a", h, 1, onRelease)}, nil
+		}})
+	release, ok := d.Replicas()[0].TryAcquire()
+	if !ok {
+		t.Fatal("no free slot")
+	}
+	defer release() // before Stop, which waits for the drain
+	if err := d.SetTargets(nil); err != nil {
+		t.Fatal(err)
+	}
+	res, err := d.Reconfigure(context.Background(), json.RawMessage(`{"v":2}`))
+	if err != nil || len(res) != 0 {
+		t.Fatalf("Reconfigure with no replica in routing: %v, %v", res, err)
+	}
+	if got, _ := h.seen.Load().(string); got != "" {
+		t.Errorf("the draining replica was reconfigured with %q", got)
+	}
+}
+
 // toggleReconf is a handler whose Reconfigure fails while fail is set.
 type toggleReconf struct {
 	fail atomic.Bool

@@ -327,6 +327,9 @@ func (d *Deployment) rebuildPoolLocked() {
 // their results in the same order. The pool is read under d.mu, after the
 // caller chose the replicas, so all of them are in it.
 func (d *Deployment) broadcastTo(ctx context.Context, c Call, pool *Pool, targets []Replica) []Result {
+	if len(targets) == 0 {
+		return nil // an empty only is every actor, the draining ones too
+	}
 	ids := make([]string, len(targets))
 	for i, l := range targets {
 		ids[i] = l.ID()
