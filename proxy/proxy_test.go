@@ -427,6 +427,33 @@ func TestClientGone499(t *testing.T) {
 	}
 }
 
+// A client that half-closes its connection after the request (shutdown
+// of its write side, as nc -N does) ends the request's context: the
+// request is a 499, and the client gets no answer. net/http had sent an
+// empty 200 for the handler that wrote nothing.
+func TestHalfClosedClientGetsNoEmpty200(t *testing.T) {
+	b := newBlocker()
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: b.factory})
+	c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	<-b.entered
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(c)
+	if err != nil || len(got) != 0 {
+		t.Fatalf("a half-closed client got %q (%v), want the connection closed with nothing", got, err)
+	}
+	waitFor(t, "499 in the access log", func() bool { return strings.Contains(tp.access.String(), `"status":499`) })
+}
+
 func TestPanic500(t *testing.T) {
 	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("panic") != "" {

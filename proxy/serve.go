@@ -87,7 +87,10 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 		res.status, res.cut = http.StatusServiceUnavailable, true // see Proxy.cut
 	}
 	p.record(r, id, start, &res)
-	if res.abort {
+	if res.abort || res.status == StatusClientClosedRequest && !sw.wroteHeader {
+		// A 499's client may still read (one that half-closed its
+		// connection ends the request's context too): it gets nothing,
+		// where net/http would send an empty 200.
 		panic(http.ErrAbortHandler)
 	}
 	if sw.fullDuplex {
