@@ -35,7 +35,7 @@ type AccessLogger struct {
 
 // NewAccessLogger returns an access log writing to w. format is "json" or
 // "console". dropped, if not nil, is called with the number of lines lost
-// each time lines had to be dropped.
+// each time lines had to be dropped, at once.
 func NewAccessLogger(w io.Writer, format string, dropped func(n int)) *AccessLogger {
 	out := newAsyncWriter(w, dropped)
 	var lw io.Writer = out
@@ -82,10 +82,9 @@ type asyncWriter struct {
 	done    chan struct{}
 	once    sync.Once
 
-	// mu guards cur, lost and closed.
+	// mu guards cur and closed.
 	mu     sync.Mutex
 	cur    []byte // the buffer being filled; nil while none is free
-	lost   int    // lines dropped since the last report
 	closed bool   // Close has begun: lines are dropped
 }
 
@@ -109,7 +108,6 @@ func newAsyncWriter(out io.Writer, dropped func(n int)) *asyncWriter {
 // Write implements io.Writer. zerolog writes one whole line per call.
 func (w *asyncWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if w.cur != nil && len(w.cur)+len(p) > cap(w.cur) {
 		w.handOffLocked()
 	}
@@ -121,10 +119,16 @@ func (w *asyncWriter) Write(p []byte) (int, error) {
 		}
 	}
 	if w.cur == nil || len(p) > accessLogBufferSize {
-		w.lost++
+		w.mu.Unlock()
+		// Counted at once: the log's goroutine may be stuck writing to
+		// an output that does not read (a full pipe).
+		if w.dropped != nil {
+			w.dropped(1)
+		}
 		return len(p), nil
 	}
 	w.cur = append(w.cur, p...)
+	w.mu.Unlock()
 	return len(p), nil
 }
 
@@ -161,12 +165,7 @@ func (w *asyncWriter) loop() {
 			} else if len(w.cur) > 0 {
 				w.handOffLocked()
 			}
-			lost := w.lost
-			w.lost = 0
 			w.mu.Unlock()
-			if lost > 0 && w.dropped != nil {
-				w.dropped(lost)
-			}
 		case <-w.stop:
 			w.mu.Lock()
 			w.closed = true
@@ -174,13 +173,9 @@ func (w *asyncWriter) loop() {
 				w.full <- w.cur
 			}
 			w.cur = nil
-			lost := w.lost
 			w.mu.Unlock()
 			for len(w.full) > 0 { // this goroutine is the only reader
 				w.writeOut(<-w.full)
-			}
-			if lost > 0 && w.dropped != nil {
-				w.dropped(lost)
 			}
 			return
 		}

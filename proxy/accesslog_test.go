@@ -65,6 +65,11 @@ func TestAsyncWriterDropsInsteadOfBlocking(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Write blocked on a stuck output")
 	}
+	// Counted while the output is still stuck, for the metric to show
+	// it: the log's goroutine is blocked in its write.
+	if dropped.Load() == 0 {
+		t.Fatal("no line counted as dropped while the output is stuck")
+	}
 	close(g.open)
 	if err := w.Close(); err != nil {
 		t.Fatal(err)

@@ -546,6 +546,23 @@ func TestAccessLogLine(t *testing.T) {
 }
 
 // A 5xx's access-log line says why; a 200's has no error.
+// A path or request id longer than a log buffer is cut in the line, not
+// the line dropped: a client could keep its request out of the log.
+func TestAccessLogClipsLongValues(t *testing.T) {
+	tp := startProxyWith(t, Options{}, ServerOptions{ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: 1 << 20},
+		testDeployment{app: "a", prefix: "/", factory: static("hi")})
+	long := strings.Repeat("a", 70_000)
+	res, _ := get(t, tp.url+"/"+long, "X-Request-ID", long)
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	want := `"path":"/` + strings.Repeat("a", maxLoggedValue-1) + `..."`
+	waitFor(t, "the access-log line", func() bool { return strings.Contains(tp.access.String(), want) })
+	if !strings.Contains(tp.access.String(), `"request_id":"`+long[:maxLoggedValue]+`..."`) {
+		t.Errorf("the request id is not clipped in the line")
+	}
+}
+
 func TestAccessLogError(t *testing.T) {
 	// An upstream that answers what is no HTTP.
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -295,16 +295,29 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 	// The line's time is the request's end, already read: time.Now is a
 	// measurable cost per request on virtual machines.
 	e.Str(zerolog.TimestampFieldName, p.access.clock.format(res.end)).
-		Str("request_id", id).
+		Str("request_id", clipped(id)).
 		Str("method", r.Method).
-		Str("path", r.URL.Path).
+		Str("path", clipped(r.URL.Path)).
 		Int("status", res.status).
 		RawJSON("latency_ms", appendMillis(buf[:0], elapsed)).
 		Str("replica", replicaID)
 	if res.err != nil && res.status >= 500 {
-		e.Str("error", res.err.Error()) // why: a replica's 500, 502 or 504
+		e.Str("error", clipped(res.err.Error())) // why: a replica's 500, 502 or 504
 	}
 	e.Msg("")
+}
+
+// maxLoggedValue bounds the values from the client (and the error) in an
+// access-log line, which must fit in one of the log's buffers: a client
+// must not keep its request out of the log with a long path or id.
+const maxLoggedValue = 4 << 10
+
+// clipped returns s, cut to maxLoggedValue bytes with "..." after.
+func clipped(s string) string {
+	if len(s) <= maxLoggedValue {
+		return s
+	}
+	return s[:maxLoggedValue] + "..."
 }
 
 // appendMillis appends d in milliseconds with three decimals (microsecond
