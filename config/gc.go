@@ -23,9 +23,10 @@ func (p *GCPercent) UnmarshalText(text []byte) error {
 		*p = GCOff
 		return nil
 	}
-	n, err := strconv.Atoi(s)
+	// Go keeps the percentage in 32 bits: a larger one would wrap.
+	n, err := strconv.ParseInt(s, 10, 32)
 	if err != nil || n < 1 {
-		return fmt.Errorf("invalid GC percent %q (want an integer >= 1, such as 400, or off)", s)
+		return fmt.Errorf("invalid GC percent %q (want an integer from 1 to %d, such as 400, or off)", s, math.MaxInt32)
 	}
 	*p = GCPercent(n)
 	return nil

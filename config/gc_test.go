@@ -42,9 +42,10 @@ func TestGCEnv(t *testing.T) {
 		{"PROXY_GC_TUNING", "yes please", "invalid boolean"},
 		{"PROXY_DRAIN_DELAY", "-1s", "must be >= 0"},
 		{"PROXY_DRAIN_DELAY", "soon", "invalid duration"},
-		{"PROXY_GC_PERCENT", "0", "integer >= 1"},
-		{"PROXY_GC_PERCENT", "-5", "integer >= 1"},
+		{"PROXY_GC_PERCENT", "0", "integer from 1 to 2147483647"},
+		{"PROXY_GC_PERCENT", "-5", "integer from 1 to 2147483647"},
 		{"PROXY_GC_PERCENT", "4oo", "invalid GC percent"},
+		{"PROXY_GC_PERCENT", "4294967297", "integer from 1 to 2147483647"}, // Go would wrap it to 1
 		{"PROXY_GC_MEMORY_LIMIT", "1.5", "ratio above 0 and at most 1.0"},
 		{"PROXY_GC_MEMORY_LIMIT", "0.0", "ratio"},
 		{"PROXY_GC_MEMORY_LIMIT", "12 parsecs", "invalid memory limit"},

@@ -90,9 +90,10 @@ func (t *Tuner) apply(e config.Env, environ map[string]string) error {
 	s := State{Tuning: e.GCTuning}
 	userGOGC, userLimit := environ["GOGC"] != "", environ["GOMEMLIMIT"] != ""
 	if v := environ["GOGC"]; userGOGC && v != "off" {
-		if _, err := strconv.Atoi(v); err != nil {
-			// The runtime takes it for 100 without a word.
-			return fmt.Errorf("GOGC=%s: must be an integer percentage or off (Go ignores any other value and uses 100)", v)
+		if _, err := strconv.ParseInt(v, 10, 32); err != nil {
+			// The runtime takes it for 100 without a word, one past
+			// 32 bits too.
+			return fmt.Errorf("GOGC=%s: must be an integer percentage of at most %d, or off (Go ignores any other value and uses 100)", v, math.MaxInt32)
 		}
 	}
 

@@ -114,12 +114,12 @@ func TestApplyRatioBelowFloor(t *testing.T) {
 // silence, which the proxy would report as the user's setting.
 func TestApplyBadGOGC(t *testing.T) {
 	keepRuntime(t)
-	for _, v := range []string{"abc", "50%", "1e3"} {
-		if _, err := apply(t, map[string]string{"GOGC": v}, 4*gib, nil); err == nil || !strings.Contains(err.Error(), "GOGC="+v+": must be an integer percentage or off") {
+	for _, v := range []string{"abc", "50%", "1e3", "2147483648"} {
+		if _, err := apply(t, map[string]string{"GOGC": v}, 4*gib, nil); err == nil || !strings.Contains(err.Error(), "GOGC="+v+": must be an integer percentage of at most 2147483647, or off") {
 			t.Errorf("GOGC=%s: err = %v, want one naming it", v, err)
 		}
 	}
-	for _, v := range []string{"off", "200"} {
+	for _, v := range []string{"off", "200", "2147483647"} {
 		if _, err := apply(t, map[string]string{"GOGC": v}, 4*gib, nil); err != nil {
 			t.Errorf("GOGC=%s: %v", v, err)
 		}
