@@ -19,14 +19,17 @@ import (
 // maxAdminBody bounds the body of an admin call.
 const maxAdminBody = 1 << 20
 
-// requireToken lets a mutating admin call through only with the admin
-// token, when one is set.
+// requireToken lets a mutating admin call (or the profiler) through only
+// with the admin token, when one is set. A refusal is logged: someone may
+// be trying tokens.
 func (p *Proxy) requireToken(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if p.opts.AdminToken != "" {
 			// The scheme is case-insensitive (RFC 9110, 11.1).
 			scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 			if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimLeft(got, " ")), []byte(p.opts.AdminToken)) != 1 {
+				p.opts.Log.Warn().Str("method", r.Method).Str("path", clipped(r.URL.Path)).Str("remote", r.RemoteAddr).
+					Msg("admin call refused: no or wrong PROXY_ADMIN_TOKEN")
 				w.Header().Set("WWW-Authenticate", `Bearer realm="serveproxy admin"`)
 				writeJSONError(w, http.StatusUnauthorized, errors.New("this call needs Authorization: Bearer <PROXY_ADMIN_TOKEN>"))
 				return

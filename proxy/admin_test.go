@@ -77,12 +77,20 @@ func TestGCEndpoints(t *testing.T) {
 	if tu.State().Percent != 400 {
 		t.Fatal("an unauthorized PUT changed the settings")
 	}
+	// The profiler needs the token too (it shows the command line).
+	if resp, _ := get(t, tp.adminURL+"/debug/pprof/cmdline"); resp.StatusCode != 401 {
+		t.Fatalf("pprof without the token = %d, want 401", resp.StatusCode)
+	}
+	if resp, _ := get(t, tp.adminURL+"/debug/pprof/cmdline", "Authorization", "Bearer s3cret"); resp.StatusCode != 200 {
+		t.Fatalf("pprof with the token = %d, want 200", resp.StatusCode)
+	}
 
 	bad := []struct{ body, want string }{
 		{`{"percent": 300`, "invalid JSON"},
 		{`{"percnt": 300}`, `unknown field`},
 		{`{"percent": 0}`, "percent: invalid GC percent"},
 		{`{"percent": 2.5}`, "percent: invalid GC percent"},
+		{`{"percent": 2147483648}`, "percent: invalid GC percent"},
 		{`{"memory_limit": "lots"}`, "memory_limit: invalid memory limit"},
 		{`{"percent": "off", "memory_limit": "none"}`, "without bound"},
 		{`{}`, "nothing to change"},

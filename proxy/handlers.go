@@ -58,12 +58,17 @@ func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 		r.Get("/-/gc", p.getGC)
 		r.With(p.requireToken).Put("/-/gc", p.putGC)
 	}
-	r.HandleFunc("/debug/pprof/", pprof.Index)
-	r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	r.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	r.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	r.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	r.Handle("/debug/pprof/{profile}", http.HandlerFunc(pprof.Index))
+	// The profiler needs the token too: it shows the command line and
+	// the heap, and a profile or trace costs CPU for its whole duration.
+	r.Route("/debug/pprof", func(r chi.Router) {
+		r.Use(p.requireToken)
+		r.HandleFunc("/", pprof.Index)
+		r.HandleFunc("/cmdline", pprof.Cmdline)
+		r.HandleFunc("/profile", pprof.Profile)
+		r.HandleFunc("/symbol", pprof.Symbol)
+		r.HandleFunc("/trace", pprof.Trace)
+		r.Handle("/{profile}", http.HandlerFunc(pprof.Index))
+	})
 	return r
 }
 
