@@ -316,8 +316,11 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 			v.report(p.child("command"), `handler "command" needs command: the program and its arguments, a list`)
 		}
 		for i, e := range d.Env {
-			if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			switch k, _, ok := strings.Cut(e, "="); {
+			case !ok || k == "":
 				v.report(p.child("env").at(i), "must be KEY=VALUE, got %q", e)
+			case k == "PORT" || k == "REPLICA_ID":
+				v.report(p.child("env").at(i), "sets %s, which the proxy sets for each replica (use $(%s) in a value or an argument)", k, k)
 			}
 		}
 		if d.UserConfig != nil {

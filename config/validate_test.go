@@ -144,6 +144,7 @@ func TestParseErrors(t *testing.T) {
 		{"discovery scheme", kindDeployment("upstream", "        discovery: consul://svc\n"), "applications[0].deployments[0].discovery", 6, "must be dns://name:port or dns+srv://"},
 		{"command missing", kindDeployment("command", ""), "applications[0].deployments[0].command", 4, "needs command"},
 		{"command bad env", kindDeployment("command", "        command: [./server]\n        env: [NOEQUALS]\n"), "applications[0].deployments[0].env[0]", 7, "KEY=VALUE"},
+		{"command env sets PORT", kindDeployment("command", "        command: [./server]\n        env: [A=1, PORT=1234]\n"), "applications[0].deployments[0].env[1]", 7, "sets PORT, which the proxy sets for each replica"},
 		{"upstreams on echo", withDeployment("        upstreams: [http://a:1]\n"), "applications[0].deployments[0].upstreams", 6, `is only for handler "upstream"`},
 		{"command on echo", withDeployment("        command: [./x]\n"), "applications[0].deployments[0].command", 6, `is only for handler "command"`},
 		{"discovery interval on echo", withDeployment("        discovery_interval_s: 5\n"), "applications[0].deployments[0].discovery_interval_s", 6, `is only for handlers "upstream" and "host"`},

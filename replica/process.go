@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,8 +26,9 @@ type ProcessOptions struct {
 	Command []string
 	// Dir is the working directory. If empty, the proxy's.
 	Dir string
-	// Env is added to the proxy's environment, after it; PORT and
-	// REPLICA_ID are set last and win.
+	// Env is added to the proxy's environment, after it, with $(PORT)
+	// and $(REPLICA_ID) in its values expanded; PORT and REPLICA_ID are
+	// set last and win.
 	Env []string
 	// Log receives the process's stdout and stderr, a line per event,
 	// with its replica id. The zero Logger drops them.
@@ -60,10 +62,19 @@ type Process struct {
 // for the shell.
 var processVar = regexp.MustCompile(`\$?\$\((PORT|REPLICA_ID)\)`)
 
+// childEnviron is the proxy's environment without its admin token: a
+// replica process has no business with the proxy's admin API, and its
+// output (an env dump, a crash report) goes into the log.
+func childEnviron() []string {
+	env := os.Environ()
+	return slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, "PROXY_ADMIN_TOKEN=") })
+}
+
 // StartProcess starts o.Command with PORT (a free loopback port) and
 // REPLICA_ID=id in its environment, and $(PORT) and $(REPLICA_ID) in its
-// arguments replaced by their values ($$(PORT) is a literal $(PORT); no
-// shell runs, and any other $ is left as it is). It does not wait for the
+// arguments and o.Env's values replaced by their values ($$(PORT) is a
+// literal $(PORT); no shell runs, and any other $ is left as it is). The
+// proxy's PROXY_ADMIN_TOKEN is not passed on. It does not wait for the
 // server to listen: health-check it for that.
 func StartProcess(id string, o ProcessOptions) (*Process, error) {
 	if len(o.Command) == 0 || o.Command[0] == "" {
@@ -73,9 +84,8 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("command: finding a free port: %w", err)
 	}
-	args := make([]string, len(o.Command)-1)
-	for i, a := range o.Command[1:] {
-		args[i] = processVar.ReplaceAllStringFunc(a, func(v string) string {
+	expand := func(s string) string {
+		return processVar.ReplaceAllStringFunc(s, func(v string) string {
 			switch {
 			case strings.HasPrefix(v, "$$"):
 				return v[1:] // escaped
@@ -86,9 +96,17 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 			}
 		})
 	}
+	args := make([]string, len(o.Command)-1)
+	for i, a := range o.Command[1:] {
+		args[i] = expand(a)
+	}
 	cmd := exec.Command(o.Command[0], args...)
 	cmd.Dir = o.Dir
-	cmd.Env = append(append(os.Environ(), o.Env...), "PORT="+strconv.Itoa(port), "REPLICA_ID="+id)
+	cmd.Env = childEnviron()
+	for _, e := range o.Env {
+		cmd.Env = append(cmd.Env, expand(e)) // as Kubernetes expands env values
+	}
+	cmd.Env = append(cmd.Env, "PORT="+strconv.Itoa(port), "REPLICA_ID="+id)
 	cmd.SysProcAttr = processAttr()
 	// Pipes of our own, not StdoutPipe: Wait must not wait for them, since
 	// a descendant that outlives the replica may hold them open.

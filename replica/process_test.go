@@ -187,9 +187,10 @@ func (l *processLog) String() string {
 // is left for the shell.
 func TestProcessArgumentsExpanded(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "args")
+	t.Setenv("PROXY_ADMIN_TOKEN", "s3cret") // not for the replica
 	p, err := StartProcess("dep#xyz", ProcessOptions{Command: []string{
-		"sh", "-c", `printf '%s|%s|%s|%s|%s|%s' "$1" "$2" "$3" "$4" "$5" "$PORT" > "$0"`, out, "$(PORT)", "$(REPLICA_ID)", "127.0.0.1:$(PORT)", "$$(PORT)", "$PORT",
-	}})
+		"sh", "-c", `printf '%s|%s|%s|%s|%s|%s|%s|%s' "$1" "$2" "$3" "$4" "$5" "$PORT" "$BIND" "${PROXY_ADMIN_TOKEN-unset}" > "$0"`, out, "$(PORT)", "$(REPLICA_ID)", "127.0.0.1:$(PORT)", "$$(PORT)", "$PORT",
+	}, Env: []string{"BIND=127.0.0.1:$(PORT)"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +204,7 @@ func TestProcessArgumentsExpanded(t *testing.T) {
 		t.Fatalf("the command: %v, exit %v", err, p.ExitError())
 	}
 	_, port, _ := net.SplitHostPort(strings.TrimPrefix(p.URL(), "http://"))
-	if want := port + "|dep#xyz|127.0.0.1:" + port + "|$(PORT)|$PORT|" + port; string(b) != want {
+	if want := port + "|dep#xyz|127.0.0.1:" + port + "|$(PORT)|$PORT|" + port + "|127.0.0.1:" + port + "|unset"; string(b) != want {
 		t.Fatalf("arguments = %q, want %q", b, want)
 	}
 }
