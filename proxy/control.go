@@ -107,6 +107,8 @@ func deploymentHealth(replicas []replica.ReplicaStatus, want int, gaveUp bool) (
 		// Failing, not yet out: a replica leaves routing after 3 checks.
 		return statusUnhealthy, fmt.Sprintf("%d of %d replicas failing health checks (%s): the deployment is UNHEALTHY until they recover",
 			len(failing), healthy+len(failing), strings.Join(failing, ", "))
+	case healthy == 0 && gaveUp:
+		return statusUnhealthy, fmt.Sprintf("no replica is running (%d wanted), and starting them failed max_constructor_retry_count rounds in a row: requests get 503, and no more attempts until num_replicas is set again", want)
 	case healthy == 0:
 		return statusUnhealthy, fmt.Sprintf("no replica is running (%d wanted): requests get 503", want)
 	case healthy < want && gaveUp:

@@ -442,6 +442,7 @@ func TestDeploymentHealth(t *testing.T) {
 		{"the only one failing, still in routing", rs("failing", "draining"), 2, false, statusUnhealthy, "1 of 1 replicas failing health checks (r0)"},
 		{"none running", rs("draining"), 2, false, statusUnhealthy, "no replica is running (2 wanted): requests get 503"},
 		{"no replica at all", nil, 0, false, statusUnhealthy, "no replica is running (0 wanted)"},
+		{"gave up with none running", nil, 2, true, statusUnhealthy, "no replica is running (2 wanted), and starting them failed max_constructor_retry_count rounds in a row: requests get 503, and no more attempts until num_replicas is set again"},
 	} {
 		status, message := deploymentHealth(tc.replicas, tc.want, tc.gaveUp)
 		if status != tc.status || !strings.Contains(message, tc.message) || (tc.message == "") != (message == "") {
