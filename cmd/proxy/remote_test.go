@@ -1322,3 +1322,31 @@ func TestHostsGetTheUserConfigAtStart(t *testing.T) {
 		}
 	}
 }
+
+// A second SIGTERM or SIGINT kills the proxy at once during the start too,
+// as it does while serving: a first one stops the replicas started so far,
+// each with its graceful_shutdown_timeout_s, and a double Ctrl-C had to
+// wait that out.
+func TestSecondSignalDuringTheStart(t *testing.T) {
+	ran := filepath.Join(t.TempDir(), "ran")
+	path := writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: command
+        command: [sh, -c, 'trap "" TERM; touch "$RAN"; while :; do sleep 0.05; done']
+        env: [RAN=`+ran+`]
+        health_check_path: /
+        health_check_timeout_s: 60
+        graceful_shutdown_timeout_s: 60
+`)
+	p, _ := spawnProxy(t, nil, "-config", path)
+	waitUntil(t, "the replica process", func() bool { _, err := os.Stat(ran); return err == nil })
+	p.signal(syscall.SIGTERM)
+	time.Sleep(500 * time.Millisecond) // the first one's stop is under way
+	p.signal(syscall.SIGINT)
+	if _, ok := p.wait(10 * time.Second); !ok {
+		t.Fatal("the proxy still runs 10 s after a second signal during the start (the replica's grace is 60 s)")
+	}
+}

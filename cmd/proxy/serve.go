@@ -24,6 +24,9 @@ func httpAddr(cfg *config.Config) string {
 // serve runs the proxy until ctx is done; hup delivers SIGHUP, a reload.
 // path is the config file, "" for the built-in app.
 func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path string, cfg *config.Config, e config.Env, reg *replica.Registry, gc *gctune.Tuner, log zerolog.Logger, stderr io.Writer) error {
+	// Once the first SIGTERM or SIGINT is in, a second kills at once,
+	// whether it comes during the start or during the graceful shutdown.
+	context.AfterFunc(ctx, stopSignals)
 	// The ports first: one in use fails the proxy before any replica
 	// process starts, and during the start they answer 503.
 	public, err := net.Listen("tcp", httpAddr(cfg))
