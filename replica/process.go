@@ -51,6 +51,7 @@ type Process struct {
 	id   string
 	port int
 	cmd  *exec.Cmd
+	log  zerolog.Logger // with the replica's id and pid
 
 	done    chan struct{} // closed once the process has exited and its output is logged
 	exitErr error         // how it exited; read after done
@@ -129,8 +130,8 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 		stderr.Close()
 		return nil, fmt.Errorf("command %q: %w", o.Command[0], err)
 	}
-	p := &Process{id: id, port: port, cmd: cmd, done: make(chan struct{})}
 	log := o.Log.With().Str("replica", id).Int("pid", cmd.Process.Pid).Logger()
+	p := &Process{id: id, port: port, cmd: cmd, log: log, done: make(chan struct{})}
 	var output sync.WaitGroup
 	for _, s := range []struct {
 		name string
@@ -230,7 +231,11 @@ func (p *Process) Stop(ctx context.Context, grace time.Duration) error {
 	case <-p.done:
 		return nil
 	case <-t.C:
+		if grace > 0 { // 0 is a kill asked for
+			p.log.Warn().Stringer("grace", grace).Msg("replica process still running after SIGTERM and its graceful_shutdown_timeout_s: killing it (SIGKILL)")
+		}
 	case <-ctx.Done():
+		p.log.Warn().Msg("replica process still running after SIGTERM when its stop was cut short: killing it (SIGKILL)")
 	}
 	p.signal(syscall.SIGKILL)
 	<-p.done

@@ -97,7 +97,10 @@ func TestProcessServesAndStops(t *testing.T) {
 }
 
 func TestProcessKilledAfterGrace(t *testing.T) {
-	p, err := StartProcess("r", childCommand(t, "stubborn"))
+	logs := &processLog{}
+	o := childCommand(t, "stubborn")
+	o.Log = zerolog.New(logs)
+	p, err := StartProcess("r", o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,6 +116,9 @@ func TestProcessKilledAfterGrace(t *testing.T) {
 	}
 	if exit == nil || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("exit = %v, want killed by SIGKILL", p.ExitError())
+	}
+	if !strings.Contains(logs.String(), "killing it (SIGKILL)") {
+		t.Errorf("no log line says the process was killed:\n%s", logs.String())
 	}
 }
 

@@ -139,6 +139,11 @@ func (c *commandReplica) Exited() <-chan struct{} { return c.proc.Done() }
 // Stop implements Stopper: SIGTERM, then SIGKILL after the grace period.
 func (c *commandReplica) Stop(ctx context.Context) error {
 	c.Close()
+	select {
+	case <-c.proc.Done():
+		return nil // it exited on its own, which was logged then
+	default:
+	}
 	err := c.proc.Stop(ctx, c.grace)
 	if errors.Is(err, context.Canceled) {
 		return nil

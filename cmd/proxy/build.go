@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -397,16 +399,44 @@ func checkCommand(d config.Deployment) error {
 	}
 	prog := d.Command[0]
 	if !strings.Contains(prog, "/") {
-		if _, err := exec.LookPath(prog); err != nil {
+		path, err := exec.LookPath(prog)
+		if err != nil {
 			return fmt.Errorf("program %q not found on PATH", prog)
 		}
-		return nil
+		return checkInterpreter(prog, path)
 	}
 	if !filepath.IsAbs(prog) && d.WorkingDir != "" {
 		prog = filepath.Join(d.WorkingDir, prog)
 	}
-	if _, err := exec.LookPath(prog); err != nil {
+	path, err := exec.LookPath(prog)
+	if err != nil {
 		return fmt.Errorf("program %q: %v", d.Command[0], errors.Unwrap(err))
+	}
+	return checkInterpreter(d.Command[0], path)
+}
+
+// checkInterpreter reports a script whose #! line names an interpreter
+// that is not there: starting it fails with "no such file or directory",
+// which reads as the script itself missing.
+func checkInterpreter(prog, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil // exec will say
+	}
+	defer f.Close()
+	head := make([]byte, 256)
+	n, _ := io.ReadFull(f, head)
+	line, _, _ := bytes.Cut(head[:n], []byte("\n"))
+	rest, ok := bytes.CutPrefix(line, []byte("#!"))
+	if !ok {
+		return nil
+	}
+	fields := strings.Fields(string(rest))
+	if len(fields) == 0 || !filepath.IsAbs(fields[0]) {
+		return nil
+	}
+	if _, err := os.Stat(fields[0]); err != nil {
+		return fmt.Errorf("program %q: its #! line names the interpreter %q, which does not exist", prog, fields[0])
 	}
 	return nil
 }

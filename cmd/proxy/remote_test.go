@@ -632,6 +632,10 @@ func TestSlowUpstreamGetsLess(t *testing.T) {
 }
 
 func TestRemoteBadInput(t *testing.T) {
+	script := filepath.Join(t.TempDir(), "server.py")
+	if err := os.WriteFile(script, []byte("#!/no/such/python3 -u\nprint('hi')\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	path := writeConfig(t, `applications:
   - name: a
     route_prefix: /a
@@ -665,6 +669,12 @@ func TestRemoteBadInput(t *testing.T) {
         handler: host
         hosts: ["127.0.0.1:9001"]
         host_handler: nope
+  - name: f
+    route_prefix: /f
+    deployments:
+      - name: f
+        handler: command
+        command: [`+script+`]
 `)
 	want := []string{
 		`:7: applications[0].deployments[0].upstreams[1]: must be an http:// or https:// URL, got "http//missing-colon"`,
@@ -673,6 +683,7 @@ func TestRemoteBadInput(t *testing.T) {
 		`:20: applications[2].deployments[0].working_dir: "/nonexistent-dir": no such file or directory`,
 		`:26: applications[3].deployments[0].discovery: must be dns://name:port`,
 		`:33: applications[4].deployments[0].host_handler: unknown handler "nope"`,
+		`:39: applications[5].deployments[0].command: program "` + script + `": its #! line names the interpreter "/no/such/python3", which does not exist`,
 	}
 	for _, args := range [][]string{{"-check", "-config", path}, {"-config", path}} {
 		res := runProxy(t, nil, args...)
