@@ -150,6 +150,11 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 		// that was not exec'd) is part of the replica, and goes with it:
 		// it would hold the port and serve no one.
 		_ = signalGroup(cmd.Process.Pid, syscall.SIGKILL)
+		// And what left the group, found by the REPLICA_ID and PORT it
+		// inherited.
+		if pids := killEscaped(id, port); len(pids) > 0 {
+			log.Warn().Ints("killed", pids).Msg("replica process left processes outside its process group (it daemonized, with setsid or a double fork?): killed them; run the server in the foreground")
+		}
 		// The output's last lines, unless a descendant keeps the pipes
 		// open: then the readers go on, and the exit is not held up.
 		logged := make(chan struct{})

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // When a replica's process dies, what it left in its process group (here
@@ -54,4 +56,39 @@ func alive(pid int) bool {
 	}
 	_, rest, _ := strings.Cut(string(b), ") ")
 	return !strings.HasPrefix(rest, "Z")
+}
+
+// A server that daemonizes (setsid, then the leader exits 0) leaves the
+// replica's process group: the proxy kills it by the REPLICA_ID it
+// inherited, or it would hold the port, one more at every restart (found
+// by an exploratory run).
+func TestDaemonizedServerKilled(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "daemon.pid")
+	logs := &processLog{}
+	p, err := StartProcess("r#daemon", ProcessOptions{
+		Command: []string{"sh", "-c", `setsid sh -c 'echo $$ > "$0"; exec sleep 300' "$0" & sleep 0.2`, pidFile},
+		Log:     zerolog.New(logs),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the leader did not exit")
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemon, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	t.Cleanup(func() { _ = syscall.Kill(daemon, syscall.SIGKILL) })
+	for deadline := time.Now().Add(10 * time.Second); alive(daemon); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemonized server %d outlived its replica", daemon)
+		}
+	}
+	if !strings.Contains(logs.String(), "daemonized") {
+		t.Errorf("no log line says why it was killed:\n%s", logs.String())
+	}
 }
