@@ -122,7 +122,7 @@ func (d *Deployment) Scale(ctx context.Context, n int) error {
 	d.mu.Lock()
 	from := len(d.replicas)
 	d.spec.NumReplicas = n
-	d.gaveUp, d.startFailures = false, 0
+	d.gaveUp, d.startFailures, d.quickExits = false, 0, 0
 	var retired []string
 	if len(d.replicas) > n {
 		// The newest go first: the oldest have warm caches.

@@ -120,6 +120,11 @@ type Deployment struct {
 	// at MaxConstructorRetryCount, gaveUp stops the attempts.
 	startFailures int
 	gaveUp        bool
+	// quickExits counts replica processes in a row that exited within
+	// crashLoopUptime of becoming healthy (the last at lastQuickExit):
+	// their replacements back off as failed starts do.
+	quickExits    int
+	lastQuickExit time.Time
 	// settled is set once the deployment is past its start, and never
 	// cleared (see Settled).
 	settled atomic.Bool

@@ -10,6 +10,22 @@ import (
 	"time"
 )
 
+// startBackoff is the wait before the next start after n failed ones in a
+// row (or n replicas in a row that exited soon after starting).
+func startBackoff(n int) time.Duration {
+	return min(startBackoffMin<<min(max(n-1, 0), 20), startBackoffMax)
+}
+
+// A replica process that exits within crashLoopUptime of becoming healthy
+// counts towards the backoff of its replacement's start, as a failed start
+// does (but not towards max_constructor_retry_count: it did start). The
+// count is forgotten crashLoopForget after the last such exit, or at a
+// scale.
+const (
+	crashLoopUptime = 10 * time.Second
+	crashLoopForget = 5 * time.Minute
+)
+
 // Backoff between failed replica starts: doubling from startBackoffMin,
 // at most startBackoffMax.
 const (
@@ -243,10 +259,20 @@ func (d *Deployment) watchExitLocked(r Replica) {
 			return // retired first
 		}
 		how := "exited"
+		ev := d.log().Error().Str("replica", r.ID())
 		if c, ok := r.(*commandReplica); ok {
 			how = exitText(c.exitError())
+			uptime := time.Since(c.healthyAt)
+			ev = ev.Stringer("uptime", uptime.Round(time.Millisecond))
+			if uptime < crashLoopUptime {
+				d.quickExits++
+				d.lastQuickExit = time.Now()
+				ev = ev.Stringer("backoff", startBackoff(d.quickExits))
+			} else {
+				d.quickExits = 0
+			}
 		}
-		d.log().Error().Str("replica", r.ID()).Str("exit", how).Msg("replica process exited: replacing it")
+		ev.Str("exit", how).Msg("replica process exited: replacing it")
 		d.retireLocked(r)
 	}()
 }
@@ -273,15 +299,19 @@ func (d *Deployment) starter(ctx context.Context) {
 		}
 		for failed := false; ctx.Err() == nil; failed = true {
 			d.mu.Lock()
-			n, gaveUp := d.startFailures, d.gaveUp
+			if d.quickExits > 0 && time.Since(d.lastQuickExit) > crashLoopForget {
+				d.quickExits = 0
+			}
+			n, gaveUp := max(d.startFailures, d.quickExits), d.gaveUp
 			d.mu.Unlock()
 			if gaveUp {
 				break
 			}
 			// A round that failed, here or before the kick (the first
-			// starts, say), waits its backoff before the next.
+			// starts, say), or replicas that crash soon after they start,
+			// wait their backoff before the next.
 			if failed || n > 0 {
-				t := time.NewTimer(min(startBackoffMin<<min(max(n-1, 0), 20), startBackoffMax))
+				t := time.NewTimer(startBackoff(n))
 				select {
 				case <-ctx.Done():
 				case <-t.C:

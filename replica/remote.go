@@ -74,8 +74,9 @@ func (u *upstreamReplica) Stop(context.Context) error {
 // commandReplica is a process the proxy started and forwards to.
 type commandReplica struct {
 	upstreamReplica
-	proc  *Process
-	grace time.Duration
+	proc      *Process
+	grace     time.Duration
+	healthyAt time.Time // when its first health check passed
 }
 
 var (
@@ -111,6 +112,7 @@ func StartCommandReplica(ctx context.Context, id string, po ProcessOptions, uo U
 		last = u.CheckHealth(cctx)
 		cancel()
 		if last == nil {
+			r.healthyAt = time.Now()
 			return r, nil
 		}
 		select {

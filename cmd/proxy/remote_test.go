@@ -1361,3 +1361,40 @@ func TestSecondSignalDuringTheStart(t *testing.T) {
 		t.Fatal("the proxy still runs 10 s after a second signal during the start (the replica's grace is 60 s)")
 	}
 }
+
+// A replica process that exits soon after it became healthy, again and
+// again (one that dies of its first request, say), is replaced after a
+// backoff that grows, as a failed start is: it had been restarted about 6
+// times a second, for ever (found by an exploratory run).
+func TestCrashLoopBacksOff(t *testing.T) {
+	path := writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: command
+        command: [sh, -c, '"$HISERVER" -listen 127.0.0.1:$PORT & sleep 0.3; exit 1']
+        env: [HISERVER=`+hiBin+`]
+        health_check_path: /
+`)
+	p, _ := spawnProxy(t, nil, "-config", path)
+	if !p.waitLogged("replica process exited: replacing it", 20*time.Second) {
+		t.Fatal("the replica never exited")
+	}
+	time.Sleep(4 * time.Second)
+	exits := 0
+	for _, l := range p.stderrLines() {
+		if strings.Contains(l, "replica process exited: replacing it") {
+			exits++
+			if !strings.Contains(l, `"backoff"`) {
+				t.Errorf("the exit's line gives no backoff: %s", l)
+			}
+		}
+	}
+	// Without a backoff a cycle takes about 0.4 s: 10 or more in 4 s.
+	// With it, 100 ms doubling: about 5.
+	t.Logf("%d exits in the 4 s after the first", exits-1)
+	if exits-1 > 7 {
+		t.Errorf("%d restarts in 4 s: no backoff", exits-1)
+	}
+}
