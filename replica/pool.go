@@ -141,6 +141,11 @@ type task struct {
 
 	sink chan<- *task  // a Map's completions; nil for Submit's tasks, which report to the pool
 	elem *list.Element // the task in Pool.completed, once done; Submit's tasks only
+
+	// Under Pool.mu: queued while in Pool.queue; stopCancel (Submit's
+	// tasks only) ends the wait for ctx that answers it from there.
+	queued     bool
+	stopCancel func() bool
 }
 
 // Pool runs calls on a set of actors, like Ray's ray.util.ActorPool: Submit
@@ -211,8 +216,9 @@ func batcherOf(a Actor) HostBatcher {
 
 // Submit runs c on an idle actor, or queues it until one is idle. It never
 // waits for an actor. The call runs with ctx; a call still queued when ctx
-// ends completes with ctx's error without running. Submit returns ctx's error,
-// and submits nothing, if ctx is already done.
+// ends completes then with ctx's error, without running. A call that
+// panics or calls runtime.Goexit completes with a *PanicError. Submit
+// returns ctx's error, and submits nothing, if ctx is already done.
 func (p *Pool) Submit(ctx context.Context, c Call) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -223,7 +229,25 @@ func (p *Pool) Submit(ctx context.Context, c Call) error {
 	p.nextIndex++
 	p.tasks[t.index] = t
 	p.dispatchLocked(t)
+	if t.queued {
+		// Answered at ctx's end, not when an actor frees up (which may
+		// be never: a pool with no actors).
+		t.stopCancel = context.AfterFunc(ctx, func() { p.cancelQueued(t) })
+	}
 	return nil
+}
+
+// cancelQueued completes t, a Submit's task, with its ctx's error if it is
+// still queued.
+func (p *Pool) cancelQueued(t *task) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !t.queued {
+		return // an actor took it: it sees ctx's end itself
+	}
+	p.queue = slices.DeleteFunc(p.queue, func(q *task) bool { return q == t })
+	t.queued = false
+	p.finishLocked(t, Result{Err: t.ctx.Err()})
 }
 
 // dispatchLocked starts t on an idle actor or queues it.
@@ -234,30 +258,53 @@ func (p *Pool) dispatchLocked(t *task) {
 		go p.run(a, t)
 		return
 	}
+	t.queued = true
 	p.queue = append(p.queue, t)
 }
 
 // run runs t on a, then whatever is queued, until the queue is empty and a is
 // idle again. It is the only goroutine using a for submitted work.
 func (p *Pool) run(a Actor, t *task) {
+	var calling *task
+	defer func() {
+		if calling == nil {
+			return
+		}
+		// Its call ran runtime.Goexit, which ends this goroutine (a panic
+		// is recovered in safeCall): the task is answered, and the actor
+		// goes on in a goroutine of its own.
+		p.mu.Lock()
+		p.finishLocked(calling, Result{Actor: a.ID(), Err: &PanicError{Value: "runtime.Goexit", Stack: debug.Stack()}})
+		next := p.nextLocked(a)
+		p.mu.Unlock()
+		if next != nil {
+			go p.run(a, next)
+		}
+	}()
 	for t != nil {
 		var r Result
 		if err := t.ctx.Err(); err != nil {
 			r.Err = err // cancelled while queued: never ran
 		} else {
 			r.Actor = a.ID()
+			calling = t
 			r.Value, r.Err = safeCall(t.ctx, a, t.call)
+			calling = nil
 		}
 		p.mu.Lock()
 		p.finishLocked(t, r)
-		if len(p.queue) > 0 {
-			t = p.popQueueLocked()
-		} else {
-			t = nil
-			p.idle = append(p.idle, a)
-		}
+		t = p.nextLocked(a)
 		p.mu.Unlock()
 	}
+}
+
+// nextLocked returns the next queued task for a, or nil with a idle again.
+func (p *Pool) nextLocked(a Actor) *task {
+	if len(p.queue) > 0 {
+		return p.popQueueLocked()
+	}
+	p.idle = append(p.idle, a)
+	return nil
 }
 
 func (p *Pool) popQueueLocked() *task {
@@ -266,6 +313,10 @@ func (p *Pool) popQueueLocked() *task {
 	p.queue = p.queue[1:]
 	if len(p.queue) == 0 {
 		p.queue = nil
+	}
+	t.queued = false
+	if t.stopCancel != nil {
+		t.stopCancel()
 	}
 	return t
 }
@@ -382,7 +433,8 @@ func (p *Pool) PopIdle() (a Actor, ok bool) {
 	a = p.idle[n-1]
 	p.idle = p.idle[:n-1]
 	delete(p.byID, a.ID())
-	i := slices.Index(p.actors, a)
+	// By ID: an actor type need not be comparable.
+	i := slices.IndexFunc(p.actors, func(x Actor) bool { return x.ID() == a.ID() })
 	p.actors = slices.Concat(p.actors[:i], p.actors[i+1:]) // a new slice: Broadcasts may hold the old one
 	return a, true
 }

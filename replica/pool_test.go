@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -380,6 +381,80 @@ func TestPoolQueuedCallCancelled(t *testing.T) {
 	r, err := p.GetNext(context.Background())
 	if err != nil || !errors.Is(r.Err, context.Canceled) || r.Actor != "" {
 		t.Fatalf("cancelled queued call: %+v, %v; want a Canceled result that never ran", r, err)
+	}
+}
+
+// A queued call whose ctx ends is answered then, as Submit promises, not
+// when an actor frees up: with every actor busy, or with none at all
+// (found by review).
+func TestPoolQueuedCallAnsweredAtCancel(t *testing.T) {
+	g := newGates("first")
+	busy := NewPool(g.actor("a"))
+	submit(t, busy, "first")
+	defer g.release(t, "first")
+	for name, p := range map[string]*Pool{"every actor busy": busy, "no actors": NewPool()} {
+		ctx, cancel := context.WithCancel(context.Background())
+		if err := p.Submit(ctx, Call{Payload: []byte("queued")}); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		r, err := p.GetNextUnordered(wctx)
+		wcancel()
+		if err != nil || !errors.Is(r.Err, context.Canceled) || r.Actor != "" {
+			t.Errorf("%s: %+v, %v; want the cancelled call's Canceled result at once", name, r, err)
+		}
+	}
+}
+
+// A submitted call that calls runtime.Goexit is answered with a
+// *PanicError, and its actor goes on with the queue: it had been lost,
+// with the call's result (found by review).
+func TestPoolGoexitInACall(t *testing.T) {
+	a := &fnActor{id: "a", fn: func(_ context.Context, _ string, p []byte) ([]byte, error) {
+		if string(p) == "x" {
+			runtime.Goexit()
+		}
+		return p, nil
+	}}
+	p := NewPool(a)
+	submit(t, p, "x", "y")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := p.GetNext(ctx)
+	var pe *PanicError
+	if err != nil || !errors.As(r.Err, &pe) || r.Actor != "a" {
+		t.Fatalf("the call that ran Goexit: %+v, %v; want a PanicError from a", r, err)
+	}
+	if r, err := p.GetNext(ctx); err != nil || string(r.Value) != "y" {
+		t.Fatalf("the call queued behind it: %+v, %v", r, err)
+	}
+	if !p.HasFree() {
+		t.Fatal("the actor is not idle again")
+	}
+}
+
+// uncomparableActor cannot be compared with ==: it has a slice field and
+// value receivers.
+type uncomparableActor struct {
+	id   string
+	tags []string
+}
+
+func (a uncomparableActor) ID() string   { return a.id }
+func (a uncomparableActor) Host() string { return "" }
+func (a uncomparableActor) Call(_ context.Context, _ string, p []byte) ([]byte, error) {
+	return p, nil
+}
+
+// PopIdle finds the actor by ID: comparing interface values panicked for
+// an actor type that cannot be compared, and left the pool inconsistent
+// (found by review).
+func TestPoolPopIdleUncomparable(t *testing.T) {
+	p := NewPool(uncomparableActor{id: "a", tags: []string{"x"}}, uncomparableActor{id: "b"})
+	a, ok := p.PopIdle()
+	if !ok || len(p.Actors()) != 1 || p.Actors()[0].ID() == a.ID() {
+		t.Fatalf("PopIdle: %v %v, the pool has %v", a, ok, p.Actors())
 	}
 }
 
