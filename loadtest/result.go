@@ -60,7 +60,9 @@ type Result struct {
 	Bytes int64
 	// Elapsed is the wall time from the first send to the end of the run.
 	Elapsed time.Duration
-	// RequestsPerSec is Total / Elapsed, as ab computes it.
+	// RequestsPerSec is the requests sent whose outcome is known (Total
+	// less Dropped) per second of Elapsed, as ab computes it: failed ones
+	// count, as in ab and hey.
 	RequestsPerSec float64
 
 	// Mean, Min and Max are the exact latencies of the responses (failed
@@ -81,7 +83,9 @@ type Result struct {
 func (r *Result) finish() {
 	r.Total = r.Completed + r.Failed
 	if r.Elapsed > 0 {
-		r.RequestsPerSec = float64(r.Total) / r.Elapsed.Seconds()
+		// Dropped requests were never sent: counting them would make a
+		// target that cannot keep up look as fast as the rate asked.
+		r.RequestsPerSec = float64(r.Total-r.Dropped) / r.Elapsed.Seconds()
 	}
 	r.Percentiles = make([]Percentile, len(Quantiles))
 	for i, q := range Quantiles {

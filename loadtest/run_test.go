@@ -262,6 +262,10 @@ func TestOpenLoopDropsPastMaxInFlight(t *testing.T) {
 	if res.Completed < 2 {
 		t.Errorf("completed %d, want at least the first two", res.Completed)
 	}
+	// The rate is of requests sent: the dropped ones were not.
+	if want := float64(res.Total-res.Dropped) / res.Elapsed.Seconds(); res.RequestsPerSec != want {
+		t.Errorf("%.2f requests per second, want %.2f (the %d dropped left out)", res.RequestsPerSec, want, res.Dropped)
+	}
 }
 
 func TestFailuresCounted(t *testing.T) {

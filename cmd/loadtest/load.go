@@ -166,5 +166,10 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return report(stderr, "loadtest", err)
 	}
+	if res.Completed == 0 && res.Total > 0 {
+		// A target that refuses every connection is fast to fail: its
+		// rate above is no throughput.
+		return report(stderr, "loadtest", fmt.Errorf("no request got a response (%d failed): the rate above is of failures", res.Failed))
+	}
 	return exitOK
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -151,6 +152,21 @@ func TestRunLoad(t *testing.T) {
 	}
 	if stderr != "" {
 		t.Errorf("stderr %q, want nothing (not a terminal: no progress bar)", stderr)
+	}
+}
+
+// A run in which no request got a response fails: its rate is of
+// failures (found by review).
+func TestRunLoadNothingAnswered(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	code, _, stderr := runCmd(t, "-n", "20", "-c", "2", "http://"+addr+"/")
+	if code != exitFailed || !strings.Contains(stderr, "no request got a response (20 failed)") {
+		t.Fatalf("exit %d, stderr %q; want 1 saying no request got a response", code, stderr)
 	}
 }
 
