@@ -147,7 +147,7 @@ type GCRow struct {
 	RequestsPerSec      float64
 	P50, P99, P999, Max time.Duration
 	// Errors counts failed and non-2xx requests (wrk: socket errors and
-	// non-2xx/3xx responses).
+	// non-2xx/3xx responses); in a row of medians, those of every round.
 	Errors int64
 	// GCCycles is the delta of the proxy's go_gc_duration_seconds_count.
 	GCCycles float64
@@ -545,7 +545,8 @@ func GCMedians(settings []GCSetting, runs []GCRow) []GCRow {
 	var out []GCRow
 	for _, s := range settings {
 		for _, ph := range phases {
-			var rps, p50, p99, p999, mx, errs, gc, rss []float64
+			var rps, p50, p99, p999, mx, gc, rss []float64
+			var errs int64
 			for _, r := range runs {
 				if r.Setting != s.Name || r.Phase != ph {
 					continue
@@ -559,7 +560,7 @@ func GCMedians(settings []GCSetting, runs []GCRow) []GCRow {
 				if r.Max > 0 {
 					mx = append(mx, float64(r.Max))
 				}
-				errs = append(errs, float64(r.Errors))
+				errs += r.Errors
 				gc = append(gc, r.GCCycles)
 				rss = append(rss, float64(r.PeakRSS))
 			}
@@ -573,7 +574,7 @@ func GCMedians(settings []GCSetting, runs []GCRow) []GCRow {
 				P99:            time.Duration(Median64(p99)),
 				P999:           time.Duration(Median64(p999)),
 				Max:            time.Duration(Median64(mx)),
-				Errors:         int64(Median64(errs)),
+				Errors:         errs, // all of them: a median would hide a round's
 				GCCycles:       Median64(gc),
 				PeakRSS:        int64(Median64(rss)),
 			})
