@@ -5,20 +5,22 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 )
 
-// A handler that reads the request body full duplex and returns before the
-// client sent all of it (a replica that answered early, or broke off) must
-// leave the connection usable: net/http starts its background read when
-// the rest of the body arrives after the handler returned, which made the
-// next request on the connection panic with "invalid concurrent Body.Read
-// call" and reset it (golang/go#68560).
-func TestFullDuplexEarlyAnswerKeepsTheConnection(t *testing.T) {
+// A handler that reads the request body full duplex and answers before
+// the client sent all of it (a replica that answered early, or broke off)
+// gets its answer to the client on a connection that then closes: net/http
+// starts its background read when the rest of the body arrives after the
+// handler returned, which made the next request on the connection panic
+// with "invalid concurrent Body.Read call" and reset it (golang/go#68560).
+func TestFullDuplexEarlyAnswerClosesTheConnection(t *testing.T) {
 	// An upstream that reads the request head and closes: the proxy
 	// answers 502 with the client's body still coming.
 	rude, err := net.Listen("tcp", "127.0.0.1:0")
@@ -60,7 +62,6 @@ func TestFullDuplexEarlyAnswerKeepsTheConnection(t *testing.T) {
 		testDeployment{app: "early", prefix: "/early", factory: early},
 		testDeployment{app: "rude", prefix: "/rude", targets: []string{"http://" + rude.Addr().String()}})
 
-	// The early answer keeps the connection; the proxy's 502 closes it.
 	for _, tc := range []struct{ path, want string }{{"/early", "200"}, {"/rude", "502"}} {
 		t.Run(tc.path, func(t *testing.T) {
 			c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
@@ -84,19 +85,73 @@ func TestFullDuplexEarlyAnswerKeepsTheConnection(t *testing.T) {
 			// connection.
 			_, _ = io.WriteString(c, strings.Repeat("b", 990))
 			_, _ = io.WriteString(c, "GET "+tc.path+" HTTP/1.1\r\nHost: x\r\n\r\n")
-			closes := res.Close
-			res, err = http.ReadResponse(br, nil)
-			switch {
-			case closes && err == nil:
+			if !res.Close {
+				t.Fatal("the answer to a request whose body is left does not close the connection")
+			}
+			if res, err := http.ReadResponse(br, nil); err == nil {
 				t.Fatalf("the connection was to close after the first answer, but it answered %s", res.Status)
-			case !closes && err != nil:
-				t.Fatalf("second request on the connection: %v", err)
-			case err == nil:
-				res.Body.Close()
 			}
 			if strings.Contains(logs.String(), "panic") {
 				t.Fatalf("the server panicked:\n%s", logs.String())
 			}
 		})
+	}
+}
+
+// A request body left unread by a replica that answered early must never
+// be read as requests of its own (smuggling): past the 256 KiB net/http
+// reads after a handler, it had been, when the body was read full duplex
+// (found by an exploratory run). Here the body is made of requests.
+func TestUnreadBodyIsNotSmuggled(t *testing.T) {
+	var smuggled atomic.Int64
+	early := handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/smuggled") {
+			smuggled.Add(1)
+		}
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		buf := make([]byte, 4)
+		_, _ = io.ReadFull(r.Body, buf)
+		w.Header().Set("Content-Length", "7")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = io.WriteString(w, "go away")
+	})
+	tp := startProxy(t, Options{MaxBodyBytes: 100 << 20}, testDeployment{app: "a", prefix: "/", factory: early})
+	inner := "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+	for _, size := range []int{100 << 10, 400 << 10, 2 << 20} {
+		for _, expect := range []bool{false, true} {
+			body := strings.Repeat(inner, size/len(inner))
+			c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			head := "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n"
+			if expect {
+				head += "Expect: 100-continue\r\n"
+			}
+			go func() { _, _ = io.WriteString(c, head+"\r\n"+body) }()
+			br := bufio.NewReader(c)
+			res, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("%d bytes, expect %v: %v", len(body), expect, err)
+			}
+			if res.StatusCode == http.StatusContinue {
+				res, err = http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, _ = io.Copy(io.Discard, res.Body)
+			// Then whatever else comes, for a second: an answer to a
+			// smuggled request would.
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			if n, _ := io.Copy(io.Discard, br); n > 0 {
+				t.Errorf("%d bytes, expect %v: %d more bytes after the answer", len(body), expect, n)
+			}
+			c.Close()
+		}
+	}
+	if n := smuggled.Load(); n != 0 {
+		t.Fatalf("%d requests smuggled in unread bodies reached the replica", n)
 	}
 }

@@ -54,12 +54,6 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 		return // nobody is listening
 	}
 	h := w.Header()
-	if sw, ok := w.(*statusWriter); ok && sw.fullDuplex {
-		// Some of the client's body may be unread: the connection
-		// closes after this answer (see finishBody).
-		h.Set("Connection", "close")
-		sw.closing = true
-	}
 	if status == http.StatusServiceUnavailable {
 		h.Set("Retry-After", "1")
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"runtime"
@@ -78,9 +77,14 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	id := ids[0]
 	w.Header()[requestIDHeader] = ids[:1:1] // shared with the request, never appended to
 
-	body := r.Body // the server's, whatever route puts in its place
 	sw := getStatusWriter(w)
 	defer putStatusWriter(sw)
+	if r.Body != nil && r.Body != http.NoBody {
+		// Not pooled with sw: a handler past its deadline may read it
+		// after the request.
+		sw.reqBody = &trackedBody{rc: r.Body}
+		r.Body = sw.reqBody
+	}
 	res := p.route(sw, r, start)
 	res.end = time.Now()
 	if res.status == StatusClientClosedRequest && p.cut.Load() {
@@ -93,36 +97,16 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 		// where net/http would send an empty 200.
 		panic(http.ErrAbortHandler)
 	}
-	if sw.fullDuplex {
-		finishBody(sw, body)
+	if sw.fullDuplex && !sw.wroteHeader {
+		// net/http's implicit 200, made explicit to go through
+		// closeIfBodyLeft.
+		sw.WriteHeader(http.StatusOK)
 	}
 	// net/http writes the answer out when this returns; the slot is free
 	// and the status settled by now (see replica.AnswerBatcher).
 	if b, ok := res.replica.(replica.AnswerBatcher); ok && b.BatchAnswers() {
 		runtime.Gosched()
 	}
-}
-
-// finishBody ends a request whose body was read full duplex. If the
-// client's body was not read to its end (a replica answered early, or
-// failed), net/http reads the rest after the handler returns, and the
-// background read it then starts outlives the request: the next request on
-// the connection panics ("invalid concurrent Body.Read call", and the
-// connection is reset; golang/go#68560). So either the answer closes the
-// connection (the proxy's own errors, see writeError), or, when the
-// replica's answer is whole by its Content-Length, it is sent and the rest
-// of the body read here, where net/http stops that read as the request
-// ends. An answer without a length is left to net/http, which must end it
-// before the rest of the body can come. Close waits for a body read still
-// in progress (the forwarding of the body to a replica that went away),
-// and gives up past net/http's 256 KiB, closing the connection after the
-// answer.
-func finishBody(sw *statusWriter, body io.ReadCloser) {
-	if sw.closing || !sw.complete() {
-		return
-	}
-	_ = http.NewResponseController(sw.w).Flush() // the client may wait for it before sending the rest
-	_ = body.Close()
 }
 
 // maxAttempts bounds the replicas one request is offered to when they

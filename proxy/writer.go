@@ -1,9 +1,10 @@
 package proxy
 
 import (
+	"io"
 	"net/http"
-	"strconv"
 	"sync"
+	"sync/atomic"
 )
 
 // statusWriter records the status and whether anything was written, for
@@ -12,12 +13,48 @@ type statusWriter struct {
 	w           http.ResponseWriter
 	status      int
 	wroteHeader bool
-	// written counts the body bytes written.
-	written int64
+	// reqBody is the request's body, if it has one, as the handler reads
+	// it.
+	reqBody *trackedBody
 	// fullDuplex is set once the handler read the request body full
-	// duplex; closing once the proxy answered for it on a connection
-	// that closes after (see finishBody).
-	fullDuplex, closing bool
+	// duplex (see closeIfBodyLeft).
+	fullDuplex bool
+}
+
+// trackedBody is a request body that records whether it was read to its
+// end.
+type trackedBody struct {
+	rc  io.ReadCloser
+	eof atomic.Bool // read by the handler's goroutine and the body's
+}
+
+// Read implements io.Reader.
+func (b *trackedBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.eof.Store(true)
+	}
+	return n, err
+}
+
+// Close implements io.Closer.
+func (b *trackedBody) Close() error { return b.rc.Close() }
+
+// closeIfBodyLeft marks the response, about to be written, as the
+// connection's last when the handler read the request body full duplex
+// and has not read it to its end: net/http reads at most 256 KiB of it
+// after the handler, and in full duplex it does not close the connection
+// for more (with the body behind our wrappers, or an Expect: 100-continue,
+// it cannot tell), so the rest would be read as the next requests
+// (request smuggling); and for less, the read it starts at the body's end
+// outlives the request, and the next request on the connection panics
+// ("invalid concurrent Body.Read call", golang/go#68560). A replica that
+// answers before the end of the upload (an early 401, a failure) costs
+// its client the connection, as with nginx.
+func (sw *statusWriter) closeIfBodyLeft() {
+	if sw.fullDuplex && sw.reqBody != nil && !sw.reqBody.eof.Load() {
+		sw.w.Header().Set("Connection", "close")
+	}
 }
 
 var statusWriterPool = sync.Pool{New: func() any { return new(statusWriter) }}
@@ -41,6 +78,7 @@ func (sw *statusWriter) WriteHeader(code int) {
 	if !sw.wroteHeader && code >= 200 {
 		// 1xx informational headers may precede the real one.
 		sw.status, sw.wroteHeader = code, true
+		sw.closeIfBodyLeft()
 	}
 	sw.w.WriteHeader(code)
 }
@@ -49,28 +87,16 @@ func (sw *statusWriter) WriteHeader(code int) {
 func (sw *statusWriter) Write(b []byte) (int, error) {
 	if !sw.wroteHeader {
 		sw.status, sw.wroteHeader = http.StatusOK, true
+		sw.closeIfBodyLeft()
 	}
-	n, err := sw.w.Write(b)
-	sw.written += int64(n)
-	return n, err
-}
-
-// complete reports whether the body written is all that the response's
-// Content-Length announced: the client has the whole answer once it is
-// flushed.
-func (sw *statusWriter) complete() bool {
-	cl := sw.w.Header()["Content-Length"]
-	if len(cl) != 1 {
-		return false
-	}
-	n, err := strconv.ParseInt(cl[0], 10, 64)
-	return err == nil && n == sw.written
+	return sw.w.Write(b)
 }
 
 // Flush implements http.Flusher, so that streamed responses stream.
 func (sw *statusWriter) Flush() {
 	if !sw.wroteHeader {
 		sw.status, sw.wroteHeader = http.StatusOK, true
+		sw.closeIfBodyLeft()
 	}
 	if f, ok := sw.w.(http.Flusher); ok {
 		f.Flush()
