@@ -22,6 +22,7 @@ func statusOf(err error) int {
 		bp          *router.BackPressureError
 		full        *replica.FullError
 		unreachable *replica.UnreachableError
+		invalid     *replica.InvalidResponseError
 		timeout     *replica.TimeoutError
 		tooLarge    *http.MaxBytesError
 		badBody     *replica.RequestBodyError
@@ -33,7 +34,7 @@ func statusOf(err error) int {
 		return http.StatusRequestTimeout
 	case errors.Is(err, context.Canceled):
 		return StatusClientClosedRequest
-	case errors.As(err, &unreachable):
+	case errors.As(err, &unreachable), errors.As(err, &invalid):
 		return http.StatusBadGateway
 	case errors.As(err, &timeout):
 		return http.StatusGatewayTimeout

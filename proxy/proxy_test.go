@@ -599,8 +599,8 @@ func TestAccessLogError(t *testing.T) {
 	if _, ok := lines["ok-1"]["error"]; ok {
 		t.Errorf("a 200's line has an error: %v", lines["ok-1"])
 	}
-	if msg, _ := lines["bad-1"]["error"].(string); lines["bad-1"]["status"] != float64(500) || !strings.Contains(msg, "malformed") {
-		t.Errorf("the line of a 500 for a malformed answer = %v, want its error saying so", lines["bad-1"])
+	if msg, _ := lines["bad-1"]["error"].(string); lines["bad-1"]["status"] != float64(502) || !strings.Contains(msg, "malformed") {
+		t.Errorf("the line of a 502 for a malformed answer = %v, want its error saying so", lines["bad-1"])
 	}
 }
 

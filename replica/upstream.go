@@ -302,7 +302,9 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 
 	stream := streams(res)
 	var whole []byte // a small body read whole before anything is written
-	if n := res.ContentLength; n > 0 && n <= smallBodyBytes && !stream {
+	if n := res.ContentLength; n > 0 && n <= smallBodyBytes && !stream && res.Body != http.NoBody {
+		// (An answer to HEAD, or a 204 or 304, announces a length and
+		// has no body.)
 		// A replica that breaks off one is answered for (500) rather
 		// than cutting a client that has been sent nothing yet.
 		bp := copyBufPool.Get().(*[]byte)
@@ -390,6 +392,9 @@ func (u *Upstream) roundTripError(r *http.Request, err error, untouched bool) er
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 		return &TimeoutError{Replica: u.id, Err: err}
 	}
+	if _, ok := errors.AsType[*errMalformed](err); ok {
+		return &InvalidResponseError{Replica: u.id, Err: err}
+	}
 	if isOp && op.Op == "write" && untouched {
 		// A failed write of the request's header block: the replica
 		// cannot have run a request it did not receive whole.
@@ -426,6 +431,9 @@ func (u *Upstream) copyError(r *http.Request, err error) error {
 	}
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 		return &TimeoutError{Replica: u.id, Err: err}
+	}
+	if _, ok := errors.AsType[*errMalformed](err); ok {
+		return &InvalidResponseError{Replica: u.id, Err: err}
 	}
 	return &ReplicaError{Replica: u.id, Err: fmt.Errorf("the response broke off: %w", err)}
 }

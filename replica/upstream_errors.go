@@ -55,8 +55,26 @@ func (e *TimeoutError) Error() string {
 	return fmt.Sprintf("replica %s timed out: %v", e.Replica, e.Err)
 }
 
+// InvalidResponseError is a replica whose answer was not valid HTTP/1.1 (a
+// bad status line or header, a framing that cannot be trusted, such as two
+// Content-Lengths), as the UpstreamClient reads it: the proxy answers 502,
+// as RFC 9110 has a gateway do for an invalid response. (Another
+// RoundTripper's such errors are *ReplicaError.)
+type InvalidResponseError struct {
+	Replica string // the replica's ID
+	Err     error
+}
+
+// Error implements error.
+func (e *InvalidResponseError) Error() string {
+	return fmt.Sprintf("replica %s sent an invalid response: %v", e.Replica, e.Err)
+}
+
+// Unwrap returns the client's error.
+func (e *InvalidResponseError) Unwrap() error { return e.Err }
+
 // ReplicaError is a replica that failed after taking the request: a
-// malformed answer, or a body cut short after the response had begun (the
+// body cut short after the response had begun (the
 // proxy then aborts the client's connection, since the status is sent
 // already). The proxy answers 500 when it still can.
 type ReplicaError struct {
