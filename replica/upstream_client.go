@@ -1299,6 +1299,11 @@ func (b *responseBody) finish(reuse bool) {
 			reuse = false
 		}
 	}
+	if b.cc.br.Buffered() > 0 {
+		// The server sent more than its answer (a body on a 204, say):
+		// the next request's answer would begin with it.
+		reuse = false
+	}
 	if reuse {
 		b.cc.pool.put(b.cc)
 	} else {

@@ -749,6 +749,41 @@ func TestUpstreamHeadWithContentLength(t *testing.T) {
 	}
 }
 
+// Bytes a server sent past its answer's end (here a body on a 204) are
+// not taken for the start of the next answer on the connection, which
+// another client's request would have met as a malformed response (found
+// by an exploratory run): the connection is not reused.
+func TestUpstreamClientBytesAfterTheAnswer(t *testing.T) {
+	leakCheck(t)
+	var conns, requests atomic.Int64
+	url := rawServer(t, func(c net.Conn) {
+		conns.Add(1)
+		br := bufio.NewReader(c)
+		for {
+			if _, err := http.ReadRequest(br); err != nil {
+				return
+			}
+			answer := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"
+			if requests.Add(1) == 1 {
+				answer = "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\nhello"
+			}
+			if _, err := io.WriteString(c, answer); err != nil {
+				return
+			}
+		}
+	})
+	c := newClient(t, TransportOptions{})
+	if res, _, err := clientGet(t, c, http.MethodGet, url); err != nil || res.StatusCode != 204 {
+		t.Fatalf("the 204: %v, %v", res, err)
+	}
+	if res, body, err := clientGet(t, c, http.MethodGet, url); err != nil || body != "hi" {
+		t.Fatalf("the next request: %v, %q, %v", res, body, err)
+	}
+	if n := conns.Load(); n != 2 {
+		t.Errorf("%d connections, want 2: the one with bytes left over is not reused", n)
+	}
+}
+
 // A POST, which cannot be sent again once it met a stale connection, has
 // the idle connection it reuses checked first, however briefly it idled:
 // a server that closed it meanwhile (a graceful restart closing idle
