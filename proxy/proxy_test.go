@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -452,6 +453,26 @@ func TestHalfClosedClientGetsNoEmpty200(t *testing.T) {
 		t.Fatalf("a half-closed client got %q (%v), want the connection closed with nothing", got, err)
 	}
 	waitFor(t, "499 in the access log", func() bool { return strings.Contains(tp.access.String(), `"status":499`) })
+}
+
+// CONNECT asks for a tunnel, which a reverse proxy does not make: 501,
+// never a replica's 2xx, which would tell the client one is open (found by
+// an exploratory run).
+func TestConnect501(t *testing.T) {
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: static("hi")})
+	for _, target := range []string{"127.0.0.1:1", "/x"} {
+		c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		_, _ = io.WriteString(c, "CONNECT "+target+" HTTP/1.1\r\nHost: 127.0.0.1:1\r\n\r\n")
+		res, err := http.ReadResponse(bufio.NewReader(c), nil)
+		c.Close()
+		if err != nil || res.StatusCode != http.StatusNotImplemented {
+			t.Fatalf("CONNECT %s: %v, %v; want 501", target, res, err)
+		}
+	}
 }
 
 func TestPanic500(t *testing.T) {

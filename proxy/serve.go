@@ -117,6 +117,12 @@ const maxAttempts = 3
 // route finds the request's application and replica and runs it there.
 // start is when the request arrived.
 func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result {
+	if r.Method == http.MethodConnect {
+		// A tunnel is a forward proxy's; a replica's 2xx to it would
+		// tell the client one is open.
+		writeError(sw, http.StatusNotImplemented, "CONNECT is not supported: this is a reverse proxy")
+		return result{status: http.StatusNotImplemented}
+	}
 	rt := p.table.Match(r.URL.Path)
 	if rt == nil {
 		sw.Header().Set("Content-Type", "text/plain; charset=utf-8")
