@@ -26,6 +26,7 @@ func statusOf(err error) int {
 		timeout     *replica.TimeoutError
 		tooLarge    *http.MaxBytesError
 		badBody     *replica.RequestBodyError
+		bigHeader   *replica.HeaderTooLargeError
 	)
 	switch {
 	case errors.As(err, &bp), errors.Is(err, router.ErrNoReplicas), errors.As(err, &full):
@@ -42,6 +43,8 @@ func statusOf(err error) int {
 		return http.StatusRequestEntityTooLarge
 	case errors.As(err, &badBody):
 		return http.StatusBadRequest
+	case errors.As(err, &bigHeader):
+		return http.StatusRequestHeaderFieldsTooLarge
 	}
 	// A handler panic (*replica.PanicError), an aborted response, anything
 	// else: the replica failed.
@@ -75,7 +78,12 @@ func errorMessage(status int, err error) string {
 	case http.StatusRequestTimeout:
 		return "Request timed out"
 	case http.StatusBadGateway:
+		if _, ok := errors.AsType[*replica.InvalidResponseError](err); ok {
+			return "Bad Gateway: the replica's answer was not valid HTTP"
+		}
 		return "Bad Gateway: the replica could not be reached"
+	case http.StatusRequestHeaderFieldsTooLarge:
+		return "Request Header Fields Too Large: the replica host protocol carries 64 KiB a header value"
 	case http.StatusGatewayTimeout:
 		return "Gateway Timeout: the replica did not answer in time"
 	case http.StatusRequestEntityTooLarge:

@@ -200,6 +200,35 @@ func TestHostRoundTrip(t *testing.T) {
 	}
 }
 
+// A header value the host protocol cannot carry (over 64 KiB) is a
+// *HeaderTooLargeError (431), not a replica failure, and the connection
+// goes on serving (found by an exploratory run).
+func TestHostHeaderTooLarge(t *testing.T) {
+	noLeaks(t)
+	_, addr := startHost(t, HostConfig{Name: "echo", Factory: factoryOf(echoHandler), Replicas: 1, MaxOngoing: 4})
+	c := connect(t, addr, HostOptions{})
+	srv := hostFrontend(t, c.Replicas()[0])
+	for _, size := range []int{100 << 10, 10} {
+		req, err := http.NewRequest(http.MethodGet, srv.URL+"/a", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-Long", strings.Repeat("x", size))
+		res, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if size > 0xffff && !strings.Contains(string(body), "*replica.HeaderTooLargeError") {
+			t.Fatalf("a %d-byte header: %d %q, want a *HeaderTooLargeError", size, res.StatusCode, body)
+		}
+		if size <= 0xffff && res.StatusCode != http.StatusCreated {
+			t.Fatalf("the next request: %d %q", res.StatusCode, body)
+		}
+	}
+}
+
 func TestHostBigResponse(t *testing.T) {
 	noLeaks(t)
 	big := bytes.Repeat([]byte("0123456789"), 300_000) // 3 MB: many data frames, past the window

@@ -1076,7 +1076,7 @@ func (r *hostReplica) Serve(w http.ResponseWriter, req *http.Request) error {
 	}
 	if err := cc.sendRequest(s, idx, req, body, streamed); err != nil {
 		if errors.Is(err, ErrFrameTooLarge) || errors.Is(err, errTooLong) {
-			return &ReplicaError{Replica: r.id, Err: err}
+			return &HeaderTooLargeError{Replica: r.id, Err: err}
 		}
 		giveBack()
 		return &UnreachableError{Replica: r.id, Err: err}
