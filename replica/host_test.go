@@ -229,6 +229,29 @@ func TestHostHeaderTooLarge(t *testing.T) {
 	}
 }
 
+// Forwarded and X-Real-IP, a client's own word for its address, are
+// dropped from a peer that is not trusted, as X-Forwarded-For is replaced.
+func TestHostDropsForgedForwarded(t *testing.T) {
+	noLeaks(t)
+	_, addr := startHost(t, HostConfig{Factory: factoryOf(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%q %q", r.Header.Get("Forwarded"), r.Header.Get("X-Real-Ip"))
+	}), Replicas: 1, MaxOngoing: 1})
+	c := connect(t, addr, HostOptions{})
+	srv := hostFrontend(t, c.Replicas()[0])
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/", nil)
+	req.Header.Set("Forwarded", "for=6.6.6.6")
+	req.Header.Set("X-Real-Ip", "6.6.6.6")
+	res, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if string(body) != `"" ""` {
+		t.Fatalf("the replica saw %s, want neither header", body)
+	}
+}
+
 func TestHostBigResponse(t *testing.T) {
 	noLeaks(t)
 	big := bytes.Repeat([]byte("0123456789"), 300_000) // 3 MB: many data frames, past the window

@@ -1372,7 +1372,8 @@ func appendTarget(b []byte, u *url.URL) ([]byte, error) {
 // requestHeader builds it: the client's, less the hop-by-hop ones and
 // those the Connection header names, with X-Forwarded-For, -Proto and
 // -Host set from what the proxy saw (an incoming one kept, or appended
-// to, only from a trusted peer), and Via if configured.
+// to, only from a trusted peer; Forwarded and X-Real-IP too are dropped
+// from anyone else), and Via if configured.
 func (c *HostConn) appendRequestHeaders(b []byte, r *http.Request) ([]byte, error) {
 	in := r.Header
 	conn := in["Connection"]
@@ -1383,6 +1384,7 @@ func (c *HostConn) appendRequestHeaders(b []byte, r *http.Request) ([]byte, erro
 		b = appendStr16(appendStr16(b, k), v)
 		n++
 	}
+	ip, ok, trust := forwardedFor(r.RemoteAddr, c.o.TrustedProxies)
 	for k, vv := range in {
 		if isHopHeader(k) || (len(conn) > 0 && hasToken(conn, k)) {
 			continue
@@ -1390,6 +1392,10 @@ func (c *HostConn) appendRequestHeaders(b []byte, r *http.Request) ([]byte, erro
 		switch k {
 		case "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host":
 			continue // set below
+		case "Forwarded", "X-Real-Ip":
+			if !trust {
+				continue // the client's own word for its address
+			}
 		case "Via":
 			if c.via != "" {
 				continue // below, with ours
@@ -1405,7 +1411,6 @@ func (c *HostConn) appendRequestHeaders(b []byte, r *http.Request) ([]byte, erro
 			add(k, v)
 		}
 	}
-	ip, ok, trust := forwardedFor(r.RemoteAddr, c.o.TrustedProxies)
 	if ok {
 		prior := in["X-Forwarded-For"]
 		if trust && len(prior) > 0 {

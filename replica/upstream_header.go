@@ -76,13 +76,14 @@ func forwardedFor(remoteAddr string, trusted []netip.Prefix) (ip string, ok, tru
 // X-Forwarded-For, -Proto and -Host set from what the proxy saw. An
 // incoming X-Forwarded-For is appended to, and an incoming -Proto or -Host
 // kept, only when the peer is in the trusted set (a load balancer in front
-// of the proxy); from anyone else they are replaced, so that a client
-// cannot forge its address. Value slices are shared with r.Header, never
+// of the proxy); from anyone else they are replaced, and Forwarded and
+// X-Real-IP dropped, so that a client cannot forge its address. Value slices are shared with r.Header, never
 // written through.
 func (u *Upstream) requestHeader(o *outgoing, r *http.Request) http.Header {
 	in := r.Header
 	conn := in["Connection"]
 	h := make(http.Header, len(in)+4)
+	ip, ok, trust := forwardedFor(r.RemoteAddr, u.trusted)
 	for k, vv := range in {
 		if isHopHeader(k) || (len(conn) > 0 && hasToken(conn, k)) {
 			continue
@@ -90,6 +91,10 @@ func (u *Upstream) requestHeader(o *outgoing, r *http.Request) http.Header {
 		switch k {
 		case "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host":
 			continue // set below
+		case "Forwarded", "X-Real-Ip":
+			if !trust {
+				continue // the client's own word for its address
+			}
 		}
 		h[k] = vv
 	}
@@ -102,7 +107,6 @@ func (u *Upstream) requestHeader(o *outgoing, r *http.Request) http.Header {
 		h["User-Agent"] = nil // present but empty: the transport sends no Go user agent
 	}
 
-	ip, ok, trust := forwardedFor(r.RemoteAddr, u.trusted)
 	if ok {
 		prior := in["X-Forwarded-For"]
 		switch {

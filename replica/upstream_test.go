@@ -348,11 +348,21 @@ func TestUpstreamForwardedHeaders(t *testing.T) {
 			for _, v := range tc.via {
 				r.Header.Add("Via", v)
 			}
+			r.Header.Set("Forwarded", "for=6.6.6.6")
+			r.Header.Set("X-Real-Ip", "6.6.6.6")
 			w := newSpy()
 			if err := serveOnce(t, u, w, r); err != nil {
 				t.Fatal(err)
 			}
 			e := decodeEcho(t, w.body.Bytes())
+			// Forwarded and X-Real-IP are kept from a trusted peer only
+			// (the cases named so).
+			trusted := strings.HasPrefix(tc.name, "trusted")
+			for _, k := range []string{"Forwarded", "X-Real-Ip"} {
+				if _, kept := e.Header[k]; kept != trusted {
+					t.Errorf("%s kept: %v, want %v", k, kept, trusted)
+				}
+			}
 			if got := e.Header["X-Forwarded-For"]; len(got) != 1 || got[0] != tc.wantXFF {
 				t.Errorf("X-Forwarded-For = %q, want %q", got, tc.wantXFF)
 			}
