@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -122,6 +123,12 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 		// tell the client one is open.
 		writeError(sw, http.StatusNotImplemented, "CONNECT is not supported: this is a reverse proxy")
 		return result{status: http.StatusNotImplemented}
+	}
+	if strings.IndexByte(r.RequestURI, '#') >= 0 {
+		// No request target has a fragment (RFC 9112, 3.2): forwarded,
+		// it would become %23 and mean another path.
+		writeError(sw, http.StatusBadRequest, "Bad Request: a '#' in the request target")
+		return result{status: http.StatusBadRequest}
 	}
 	rt := p.table.Match(r.URL.Path)
 	if rt == nil {
