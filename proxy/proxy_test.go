@@ -955,8 +955,8 @@ func TestShutdownCutIs503(t *testing.T) {
 		t.Fatal("the cut request got an answer")
 	}
 	log := tp.access.String()
-	if !strings.Contains(log, `"status":503`) || strings.Contains(log, `"status":499`) {
-		t.Fatalf("access log after the cut, want status 503 and no 499:\n%s", log)
+	if !strings.Contains(log, `"status":503`) || strings.Contains(log, `"status":499`) || !strings.Contains(log, "cut at the graceful shutdown timeout") {
+		t.Fatalf("access log after the cut, want status 503 and no 499, with the cut's error:\n%s", log)
 	}
 	mfs, err := tp.Registry().Gather()
 	if err != nil {

@@ -90,6 +90,7 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	res.end = time.Now()
 	if res.status == StatusClientClosedRequest && p.cut.Load() {
 		res.status, res.cut = http.StatusServiceUnavailable, true // see Proxy.cut
+		res.err = errCutAtShutdown
 	}
 	p.record(r, id, start, &res)
 	if res.abort || res.status == StatusClientClosedRequest && !sw.wroteHeader {
@@ -109,6 +110,11 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 		runtime.Gosched()
 	}
 }
+
+// errCutAtShutdown is why a request cut at the graceful shutdown timeout
+// failed, for its log line: its context's "context canceled" read as its
+// client's leaving.
+var errCutAtShutdown = errors.New("cut at the graceful shutdown timeout: the proxy closed its connection")
 
 // maxAttempts bounds the replicas one request is offered to when they
 // refuse it (see replica.Retryable): an unreachable replica leaves routing
