@@ -10,6 +10,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Handler returns the public handler: the proxy's own /-/healthz and
@@ -43,6 +44,17 @@ func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 	if gatherer == nil {
 		gatherer = p.registry
 	}
+	inner := gatherer
+	gatherer = prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		// Before any collector runs, so that the scrape shows all of a
+		// gone replica's series or none (see pruneReplicas).
+		for _, d := range p.deployments {
+			if rm := d.replicaMetrics; rm != nil {
+				rm.deletePruned()
+			}
+		}
+		return inner.Gather()
+	})
 	r := chi.NewRouter()
 	r.Use(middleware.GetHead) // HEAD of every GET (a probe's curl -I)
 	r.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorLog: promLogger{p}}))

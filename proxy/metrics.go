@@ -98,13 +98,16 @@ type routeMetrics struct {
 	// forget deletes a replica's series from the deployment metrics.
 	forget func(replicaID string)
 
-	// pruneMu guards missing and pruneGrace.
+	// pruneMu guards missing, pruneGrace and doomed.
 	pruneMu sync.Mutex
 	// missing holds when a scrape first found each replica with series
 	// gone from the deployment.
 	missing map[string]time.Time
 	// pruneGrace is how long a gone replica's series stay.
 	pruneGrace time.Duration
+	// doomed are the replicas whose series the next scrape deletes
+	// before it collects (deletePruned).
+	doomed []string
 }
 
 // replicaSeriesGrace is how long the series of a replica that left stay
@@ -112,13 +115,15 @@ type routeMetrics struct {
 // pair of Prometheus servers too) sees the final counts.
 const replicaSeriesGrace = 2 * time.Minute
 
-// pruneReplicas deletes the series of replicas that have left the
+// pruneReplicas dooms the series of replicas that have left the
 // deployment (replaced, scaled down, gone from DNS), so that churn does not
 // grow the metrics without bound, as a Serve replica's metrics leave with
 // its actor. live reports whether a replica is still a member. A replica's
-// series are deleted by the first scrape at least pruneGrace after one
-// found it gone. A request still finishing on it after that makes them
-// anew, and they go again.
+// series are doomed by the first scrape at least pruneGrace after one
+// found it gone, and deleted at the start of the next (deletePruned): a
+// scrape's collectors run side by side, so a deletion during one would
+// show some of a replica's series and not others. A request still
+// finishing on it after that makes them anew, and they go again.
 func (rm *routeMetrics) pruneReplicas(live func(replicaID string) bool, now time.Time) {
 	rm.pruneMu.Lock()
 	defer rm.pruneMu.Unlock()
@@ -139,16 +144,29 @@ func (rm *routeMetrics) pruneReplicas(live func(replicaID string) bool, now time
 		}
 	}
 	rm.missing = next
-	if len(gone) == 0 {
+	for _, id := range gone {
+		if !slices.Contains(rm.doomed, id) {
+			rm.doomed = append(rm.doomed, id)
+		}
+	}
+}
+
+// deletePruned deletes the series pruneReplicas doomed; call it before a
+// scrape collects.
+func (rm *routeMetrics) deletePruned() {
+	rm.pruneMu.Lock()
+	defer rm.pruneMu.Unlock()
+	if len(rm.doomed) == 0 {
 		return
 	}
 	// The series first, then the cache: a request in between records to
 	// an observer just deleted (one observation lost), rather than making
 	// a series that the delete would leave cached but unexported.
-	for _, id := range gone {
+	for _, id := range rm.doomed {
 		rm.forget(id)
 	}
-	rm.replicas.delete(gone)
+	rm.replicas.delete(rm.doomed)
+	rm.doomed = nil
 }
 
 func (m *metrics) forRoute(route, app, deployment string) *routeMetrics {

@@ -880,11 +880,16 @@ func TestMetricsOfGoneReplicasPruned(t *testing.T) {
 	// take a while), the next scrapes delete them. Bounded: 50 scrapes.
 	waitFor(t, "the gone replica drained", func() bool { return len(dep.Stats(ctx)) == 1 })
 	setGrace(0)
-	// The collectors of one scrape run side by side, so the scrape that
-	// deletes may show some of the series still: wait for one with none.
+	// Deleted at the start of a scrape, never during one: each scrape
+	// shows all of the gone replica's series, or none (the scrape that
+	// dooms them shows them, the next one none).
 	var m string
 	for range 50 {
-		if _, m = get(t, tp.adminURL+"/metrics"); !strings.Contains(m, `replica="`+gone+`"`) {
+		_, m = get(t, tp.adminURL+"/metrics")
+		if strings.Contains(m, series(gone)) != strings.Contains(m, requests(gone)) {
+			t.Fatalf("a scrape shows some of the gone replica's series, not all:\n%s", m)
+		}
+		if !strings.Contains(m, `replica="`+gone+`"`) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
