@@ -115,6 +115,8 @@ func parseCompareOptions(args []string, stderr io.Writer) (compareOptions, error
 		return compareOptions{}, usagef("-warmup: must be >= 0, got %v", *warmup)
 	case *tool != string(loadtest.ToolWrk) && *tool != string(loadtest.ToolBuiltin):
 		return compareOptions{}, usagef("-tool: want wrk or builtin, got %q", *tool)
+	case *tool == string(loadtest.ToolWrk) && *d%time.Second != 0:
+		return compareOptions{}, usagef("-t: wrk runs whole seconds, got %v (or use -tool builtin)", *d)
 	case !*stacks && fs.NArg() < 2:
 		return compareOptions{}, usagef("targets: want at least two name=URL arguments, got %d", fs.NArg())
 	}

@@ -81,6 +81,8 @@ func parseGCCompare(args []string, stderr io.Writer) (gcOptions, error) {
 		return gcOptions{}, usagef("-n: wrk has no request count; with -tool wrk give -closed-t, or use -tool builtin")
 	case *closedT <= 0:
 		return gcOptions{}, usagef("-closed-t: must be > 0, got %v", *closedT)
+	case *closedT%time.Second != 0:
+		return gcOptions{}, usagef("-closed-t: must be whole seconds (wrk's -d), got %v", *closedT)
 	case set["closed-t"] && *tool == string(loadtest.ToolBuiltin):
 		return gcOptions{}, usagef("-closed-t: applies to -tool wrk; the builtin closed loop sends -n requests")
 	case *c < 1:

@@ -47,7 +47,7 @@ func parseLoad(args []string, stderr io.Writer) (loadOptions, error) {
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: loadtest [flags] URL\n       loadtest compare [flags] name=URL...\n       loadtest gc-compare [flags]\n       loadtest soak [flags]\n\nflags:\n")
+		fmt.Fprintf(fs.Output(), "usage: loadtest [flags] URL\n       loadtest compare [flags] name=URL...\n       loadtest gc-compare [flags]\n       loadtest soak [flags]\n       loadtest broadcast [flags]\n       loadtest reverseproxy -target URL [flags]\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	n := fs.Int64("n", 0, "number of `requests` (0: until -t ends)")
@@ -116,8 +116,10 @@ func parseLoad(args []string, stderr io.Writer) (loadOptions, error) {
 		cfg.Body = b
 	}
 	if err := cfg.Validate(); err != nil {
-		// Every field is checked above under its flag's name; this is a
-		// backstop for whatever Validate learns later.
+		// The fields not checked above, under their flags' names.
+		if strings.HasPrefix(err.Error(), "Method:") {
+			return loadOptions{}, usagef("-m: %s", strings.TrimSpace(strings.TrimPrefix(err.Error(), "Method:")))
+		}
 		return loadOptions{}, usagef("%v", err)
 	}
 	if !*quiet {

@@ -74,7 +74,7 @@ func TestFlagErrors(t *testing.T) {
 		{"c with rate", []string{"-n", "1", "-rate", "5", "-c", "3", u}, "-c: does not apply"},
 		{"zero max-inflight", []string{"-n", "1", "-rate", "5", "-max-inflight", "0", u}, "-max-inflight"},
 		{"zero timeout", []string{"-n", "1", "-timeout", "0s", u}, "-timeout: must be > 0"},
-		{"bad method", []string{"-n", "1", "-m", "GE T", u}, "Method"},
+		{"bad method", []string{"-n", "1", "-m", "GE T", u}, "-m: not a valid HTTP method"},
 		{"bad scheme", []string{"-n", "1", "ftp://127.0.0.1/"}, "URL: want http"},
 		{"remote host", []string{"-n", "1", "http://192.0.2.1/"}, "not loopback"},
 		{"remote name", []string{"-n", "1", "http://example.com/"}, "-allow-remote"},
@@ -185,6 +185,7 @@ func TestCompareFlags(t *testing.T) {
 		{"duration", []string{"-t", "0s", a, b}, "-t"},
 		{"conns", []string{"-c", "0", a, b}, "-c"},
 		{"tool", []string{"-tool", "ab", a, b}, "-tool"},
+		{"wrk part seconds", []string{"-tool", "wrk", "-t", "500ms", a, b}, "-t: wrk runs whole seconds"},
 		{"pid syntax", []string{"-pid", "a", a, b}, "want name=PID"},
 		{"pid target", []string{"-pid", "c=1", a, b}, `-pid: "c" names no target`},
 		{"backend-pid target", []string{"-backend-pid", "c=1", a, b}, `-backend-pid: "c" names no target`},
@@ -240,6 +241,7 @@ func TestGCCompareFlags(t *testing.T) {
 		{"tool", []string{"-tool", "ab"}, "-tool: want wrk or builtin"},
 		{"n with wrk", []string{"-tool", "wrk", "-n", "500"}, "-n: wrk has no request count"},
 		{"closed-t", []string{"-closed-t", "0s"}, "-closed-t: must be > 0"},
+		{"closed-t part seconds", []string{"-closed-t", "1500ms"}, "-closed-t: must be whole seconds"},
 		{"closed-t with builtin", []string{"-tool", "builtin", "-closed-t", "5s"}, "-closed-t: applies to -tool wrk"},
 		{"conns", []string{"-c", "0"}, "-c"},
 		{"setting", []string{"-settings", "off,gogc9000"}, `unknown setting "gogc9000"`},
@@ -316,5 +318,26 @@ func TestSoakFlags(t *testing.T) {
 	code, _, stderr := runCmd(t, "soak", "-proxy", "/bin/false", "-t", "2s", "-every", "500ms")
 	if code != exitFailed || !strings.Contains(stderr, "exited while starting") {
 		t.Errorf("exit %d, stderr %q", code, stderr)
+	}
+}
+
+// reverseproxy's bad flags are usage errors naming the flag: a target
+// that is no http URL (it had answered every request 502), and a listen
+// address off loopback (found by review).
+func TestReverseProxyFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{}, "-target: required"},
+		{[]string{"-target", "localhost:28001"}, `-target: want http://HOST:PORT, got "localhost:28001"`},
+		{[]string{"-target", "ftp://127.0.0.1/"}, "-target: want http://HOST:PORT"},
+		{[]string{"-target", "http://192.0.2.1/"}, "-target:"},
+		{[]string{"-target", "http://127.0.0.1:1/", "-listen", "0.0.0.0:0"}, "-listen: want a loopback HOST:PORT"},
+	} {
+		code, _, stderr := runCmd(t, append([]string{"reverseproxy"}, tc.args...)...)
+		if code != exitInvalid || !strings.Contains(stderr, tc.want) {
+			t.Errorf("reverseproxy %v: exit %d, %q; want 2 with %q", tc.args, code, stderr, tc.want)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"net/url"
 
 	"github.com/serveproxy/serveproxy/loadtest"
@@ -25,16 +26,28 @@ func runReverseProxy(ctx context.Context, args []string, stdout, stderr io.Write
 	if *target == "" {
 		return report(stderr, "loadtest reverseproxy", usagef("-target: required"))
 	}
+	u, err := url.Parse(*target)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return report(stderr, "loadtest reverseproxy", usagef("-target: want http://HOST:PORT, got %q", *target))
+	}
 	if err := loadtest.CheckLoopback(*target); err != nil {
 		return report(stderr, "loadtest reverseproxy", usagef("-target: %v", err))
 	}
-	u, err := url.Parse(*target)
-	if err != nil {
-		return report(stderr, "loadtest reverseproxy", usagef("-target: %v", err))
+	if host, _, err := net.SplitHostPort(*listen); err != nil || !loopbackHost(host) {
+		return report(stderr, "loadtest reverseproxy", usagef("-listen: want a loopback HOST:PORT, got %q", *listen))
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return report(stderr, "loadtest reverseproxy", fmt.Errorf("-listen: %w", err))
 	}
 	return reportRun(stderr, "loadtest reverseproxy", "output", loadtest.ServeReverseProxy(ctx, ln, u, stdout))
+}
+
+// loopbackHost reports whether host, of a listen address, is loopback.
+func loopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }
