@@ -155,3 +155,84 @@ func TestUnreadBodyIsNotSmuggled(t *testing.T) {
 		t.Fatalf("%d requests smuggled in unread bodies reached the replica", n)
 	}
 }
+
+// A handler that closes the body without reading it, not full duplex, has
+// its answer close the connection too: with the body behind the proxy's
+// wrapper, net/http had taken it for read and parsed what followed as
+// requests; and one that writes its header, then reads full duplex,
+// leaves no body to be read as requests either (found by review).
+func TestClosedBodyIsNotSmuggled(t *testing.T) {
+	var smuggled atomic.Int64
+	count := func(r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/smuggled") {
+			smuggled.Add(1)
+		}
+	}
+	closer := handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		count(r)
+		r.Body.Close()
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = io.WriteString(w, "no")
+	})
+	late := handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		count(r)
+		w.WriteHeader(http.StatusAccepted)
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		_, _ = io.ReadFull(r.Body, make([]byte, 4))
+	})
+	inner := "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+	body := "AAAA" + strings.Repeat(inner, (1<<20)/len(inner))
+	for _, limit := range []int64{0, 100 << 20} {
+		tp := startProxy(t, Options{MaxBodyBytes: limit},
+			testDeployment{app: "closer", prefix: "/", factory: closer},
+			testDeployment{app: "late", prefix: "/late", factory: late})
+		for _, path := range []string{"/x", "/late/x"} {
+			c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			go func() {
+				_, _ = io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: x\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+			}()
+			br := bufio.NewReader(c)
+			res, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("%s, body limit %d: %v", path, limit, err)
+			}
+			_, _ = io.Copy(io.Discard, res.Body)
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			if n, _ := io.Copy(io.Discard, br); n > 0 {
+				t.Errorf("%s, body limit %d: %d more bytes after the answer", path, limit, n)
+			}
+			c.Close()
+		}
+	}
+	if n := smuggled.Load(); n != 0 {
+		t.Fatalf("%d requests smuggled in unread bodies reached the replica", n)
+	}
+}
+
+// A request with Expect: 100-continue whose answer comes before its body
+// (a 404, an early 401) gets it at once: net/http had read the body, which
+// the client sends only once it has an answer, before answering (found by
+// review).
+func TestExpectContinueEarlyAnswer(t *testing.T) {
+	early := handlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusUnauthorized) })
+	for _, limit := range []int64{0, 100 << 20} {
+		tp := startProxy(t, Options{MaxBodyBytes: limit}, testDeployment{app: "a", prefix: "/a", factory: early})
+		for path, want := range map[string]int{"/nope": 404, "/a": 401} {
+			c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			_, _ = io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n")
+			res, err := http.ReadResponse(bufio.NewReader(c), nil)
+			c.Close()
+			if err != nil || res.StatusCode != want {
+				t.Fatalf("%s, body limit %d: %v, %v; want %d before any body", path, limit, res, err, want)
+			}
+		}
+	}
+}

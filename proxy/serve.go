@@ -80,11 +80,16 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 
 	sw := getStatusWriter(w)
 	defer putStatusWriter(sw)
-	if r.Body != nil && r.Body != http.NoBody {
+	if body := r.Body; body != nil && body != http.NoBody {
 		// Not pooled with sw: a handler past its deadline may read it
 		// after the request.
-		sw.reqBody = &trackedBody{rc: r.Body}
+		sw.reqBody = &trackedBody{rc: body}
+		sw.expect = r.Header["Expect"] != nil // net/http answered any but 100-continue
 		r.Body = sw.reqBody
+		// net/http decides whether the connection can be reused by the
+		// type of the request's body (a body it closed early, an Expect
+		// whose body did not come): it must find its own again.
+		defer func() { r.Body = body }()
 	}
 	res := p.route(sw, r, start)
 	res.end = time.Now()
@@ -93,10 +98,11 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 		res.err = errCutAtShutdown
 	}
 	p.record(r, id, start, &res)
-	if res.abort || res.status == StatusClientClosedRequest && !sw.wroteHeader {
+	if res.abort || (res.status == StatusClientClosedRequest || res.cut) && !sw.wroteHeader {
 		// A 499's client may still read (one that half-closed its
 		// connection ends the request's context too): it gets nothing,
-		// where net/http would send an empty 200.
+		// where net/http would send an empty 200. Nor does a request
+		// cut at shutdown, whose connection is being closed.
 		panic(http.ErrAbortHandler)
 	}
 	if sw.fullDuplex && !sw.wroteHeader {

@@ -17,15 +17,18 @@ type statusWriter struct {
 	// it.
 	reqBody *trackedBody
 	// fullDuplex is set once the handler read the request body full
-	// duplex (see closeIfBodyLeft).
-	fullDuplex bool
+	// duplex; expect when the request asked for 100-continue (see
+	// closeIfBodyLeft).
+	fullDuplex, expect bool
 }
 
 // trackedBody is a request body that records whether it was read to its
 // end.
 type trackedBody struct {
-	rc  io.ReadCloser
-	eof atomic.Bool // read by the handler's goroutine and the body's
+	rc io.ReadCloser
+	// eof and closed are read by the handler's goroutine and written by
+	// the body reader's, which may be another.
+	eof, closed atomic.Bool
 }
 
 // Read implements io.Reader.
@@ -38,21 +41,29 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 }
 
 // Close implements io.Closer.
-func (b *trackedBody) Close() error { return b.rc.Close() }
+func (b *trackedBody) Close() error {
+	b.closed.Store(true)
+	return b.rc.Close()
+}
 
 // closeIfBodyLeft marks the response, about to be written, as the
-// connection's last when the handler read the request body full duplex
-// and has not read it to its end: net/http reads at most 256 KiB of it
-// after the handler, and in full duplex it does not close the connection
-// for more (with the body behind our wrappers, or an Expect: 100-continue,
-// it cannot tell), so the rest would be read as the next requests
-// (request smuggling); and for less, the read it starts at the body's end
-// outlives the request, and the next request on the connection panics
-// ("invalid concurrent Body.Read call", golang/go#68560). A replica that
-// answers before the end of the upload (an early 401, a failure) costs
-// its client the connection, as with nginx.
+// connection's last when the request body has not been read to its end
+// and net/http, writing the header while the handler runs (the body
+// behind our wrapper), could not tell what to do with the rest:
+//   - the handler read it full duplex: net/http reads at most 256 KiB of
+//     the rest after the handler, and does not close the connection for
+//     more, so the rest would be read as the next requests (request
+//     smuggling); for less, the read it starts at the body's end outlives
+//     the request, and the next request on the connection panics
+//     ("invalid concurrent Body.Read call", golang/go#68560);
+//   - the request asked for 100-continue: net/http would read the body it
+//     never asked for, from a client waiting for an answer;
+//   - the handler closed it: net/http takes it for read.
+//
+// A replica that answers before the end of the upload (an early 401, a
+// failure) costs its client the connection, as with nginx.
 func (sw *statusWriter) closeIfBodyLeft() {
-	if sw.fullDuplex && sw.reqBody != nil && !sw.reqBody.eof.Load() {
+	if b := sw.reqBody; b != nil && !b.eof.Load() && (sw.fullDuplex || sw.expect || b.closed.Load()) {
 		sw.w.Header().Set("Connection", "close")
 	}
 }
