@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/serveproxy/serveproxy/config"
 	"github.com/serveproxy/serveproxy/gctune"
@@ -28,8 +29,7 @@ func (p *Proxy) requireToken(next http.Handler) http.Handler {
 			// The scheme is case-insensitive (RFC 9110, 11.1).
 			scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 			if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimLeft(got, " ")), []byte(p.opts.AdminToken)) != 1 {
-				p.opts.Log.Warn().Str("method", r.Method).Str("path", clipped(r.URL.Path)).Str("remote", r.RemoteAddr).
-					Msg("admin call refused: no or wrong PROXY_ADMIN_TOKEN")
+				p.logRefusal(r)
 				w.Header().Set("WWW-Authenticate", `Bearer realm="serveproxy admin"`)
 				writeJSONError(w, http.StatusUnauthorized, errors.New("this call needs Authorization: Bearer <PROXY_ADMIN_TOKEN>"))
 				return
@@ -37,6 +37,19 @@ func (p *Proxy) requireToken(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// logRefusal logs a refused admin call, at most once a second with the
+// count since the last line: someone trying tokens must not flood the log.
+func (p *Proxy) logRefusal(r *http.Request) {
+	p.refusals.Add(1)
+	now, last := time.Now().UnixNano(), p.refusalLoggedAt.Load()
+	if now-last < int64(time.Second) || !p.refusalLoggedAt.CompareAndSwap(last, now) {
+		return
+	}
+	n := p.refusals.Swap(0)
+	p.opts.Log.Warn().Str("method", r.Method).Str("path", clipped(r.URL.Path)).Str("remote", r.RemoteAddr).
+		Int64("refused", n).Msg("admin call refused: no or wrong PROXY_ADMIN_TOKEN (refused: how many since the last such line)")
 }
 
 // refuseWhileDraining answers 503 to the calls that change deployments

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rs/zerolog"
+
 	"github.com/serveproxy/serveproxy/config"
 	"github.com/serveproxy/serveproxy/gctune"
 )
@@ -132,5 +134,21 @@ func TestAdminHead(t *testing.T) {
 		if code, body := call(t, http.MethodHead, tp.adminURL+path, "", ""); code != http.StatusOK || body != "" {
 			t.Errorf("HEAD %s = %d %q, want 200 and no body", path, code, body)
 		}
+	}
+}
+
+// Refused admin calls are logged, at most once a second with their count:
+// someone trying tokens must not flood the log.
+func TestAdminRefusalsLoggedSparingly(t *testing.T) {
+	logs := &syncBuffer{}
+	tp := startProxy(t, Options{GC: newTuner(t), AdminToken: "s3cret", Log: zerolog.New(logs)}, testDeployment{app: "a", prefix: "/", factory: static("hi")})
+	for range 20 {
+		if code, _ := put(t, tp.adminURL+"/-/gc", `{"percent": 300}`, "guess"); code != 401 {
+			t.Fatalf("PUT with a wrong token = %d, want 401", code)
+		}
+	}
+	lines := strings.Count(logs.String(), "admin call refused")
+	if lines < 1 || lines > 3 { // 20 calls take well under a second or two here
+		t.Fatalf("%d log lines for 20 refused calls, want 1 (at most one a second)", lines)
 	}
 }

@@ -83,7 +83,7 @@ func errorMessage(status int, err error) string {
 		}
 		return "Bad Gateway: the replica could not be reached"
 	case http.StatusRequestHeaderFieldsTooLarge:
-		return "Request Header Fields Too Large: the replica host protocol carries 64 KiB a header value"
+		return "Request Header Fields Too Large: more than the replica host protocol carries (64 KiB a header value or the path)"
 	case http.StatusGatewayTimeout:
 		return "Gateway Timeout: the replica did not answer in time"
 	case http.StatusRequestEntityTooLarge:

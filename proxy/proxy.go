@@ -123,6 +123,10 @@ type Proxy struct {
 	// connections still serving are being closed: a request that ends
 	// for it failed at the proxy (503), its client did not leave (499).
 	cut atomic.Bool
+	// refusals counts the admin calls refused for the token since the
+	// last log line about them, at refusalLoggedAt (Unix ns).
+	refusals        atomic.Int64
+	refusalLoggedAt atomic.Int64
 }
 
 // routeState is what the request path needs about a route beyond the

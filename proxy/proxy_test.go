@@ -469,8 +469,8 @@ func TestConnect501(t *testing.T) {
 		_, _ = io.WriteString(c, "CONNECT "+target+" HTTP/1.1\r\nHost: 127.0.0.1:1\r\n\r\n")
 		res, err := http.ReadResponse(bufio.NewReader(c), nil)
 		c.Close()
-		if err != nil || res.StatusCode != http.StatusNotImplemented {
-			t.Fatalf("CONNECT %s: %v, %v; want 501", target, res, err)
+		if err != nil || res.StatusCode != http.StatusNotImplemented || !res.Close {
+			t.Fatalf("CONNECT %s: %v, %v; want 501 closing the connection", target, res, err)
 		}
 	}
 }

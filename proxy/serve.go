@@ -132,7 +132,9 @@ const maxAttempts = 3
 func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result {
 	if r.Method == http.MethodConnect {
 		// A tunnel is a forward proxy's; a replica's 2xx to it would
-		// tell the client one is open.
+		// tell the client one is open. The connection closes after: a
+		// client may have sent tunnel bytes already.
+		sw.Header().Set("Connection", "close")
 		writeError(sw, http.StatusNotImplemented, "CONNECT is not supported: this is a reverse proxy")
 		return result{status: http.StatusNotImplemented}
 	}

@@ -383,6 +383,12 @@ func (u *Upstream) roundTripError(r *http.Request, err error, untouched bool) er
 	if errors.As(err, &be) {
 		return &RequestBodyError{Err: be.err}
 	}
+	if st, ok := errors.AsType[*staleThenRefusedError](err); ok {
+		// Down, and sent unless the stale connection failed its write.
+		var op *net.OpError
+		unsent := errors.As(st.stale, &op) && op.Op == "write" && untouched
+		return &UnreachableError{Replica: u.id, Sent: !unsent, Down: true, Err: err}
+	}
 	var op *net.OpError
 	isOp := errors.As(err, &op)
 	if isOp && op.Op == "dial" || isTLSFailure(err) {

@@ -183,10 +183,8 @@ func (c *UpstreamClient) RoundTrip(req *http.Request) (*http.Response, error) {
 			closeReqBody(req)
 			if sentErr != nil {
 				// Refused now, the server may have died of req rather
-				// than closed an idle connection: req was sent, and
-				// must not count as never sent (it would go to another
-				// replica, which it could kill too).
-				return nil, sentErr
+				// than closed an idle connection.
+				return nil, &staleThenRefusedError{stale: sentErr, refused: err}
 			}
 			return nil, err
 		}
@@ -202,6 +200,20 @@ func (c *UpstreamClient) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 }
+
+// staleThenRefusedError is a request that met a kept-alive connection
+// broken before any answer (stale), and then a refused new one (refused):
+// the server is down, and may have died of the request, which reached it
+// unless the stale connection failed its write. It unwraps to stale only:
+// the refusal must not make the request read as never sent, or it would
+// go to another replica, which it could kill too.
+type staleThenRefusedError struct{ stale, refused error }
+
+func (e *staleThenRefusedError) Error() string {
+	return fmt.Sprintf("%v; then a new connection: %v", e.stale, e.refused)
+}
+
+func (e *staleThenRefusedError) Unwrap() error { return e.stale }
 
 // retryableOnNewConn reports whether req, which failed with err on a
 // reused connection before any byte of an answer came, may be sent again:

@@ -70,9 +70,6 @@ func (e *InvalidResponseError) Error() string {
 	return fmt.Sprintf("replica %s sent an invalid response: %v", e.Replica, e.Err)
 }
 
-// Unwrap returns the client's error.
-func (e *InvalidResponseError) Unwrap() error { return e.Err }
-
 // HeaderTooLargeError is a request whose header block the replica host
 // protocol cannot carry (a value over 64 KiB, say), though the proxy's
 // own limit let it in: the proxy answers 431, and the replica saw nothing.
@@ -85,9 +82,6 @@ type HeaderTooLargeError struct {
 func (e *HeaderTooLargeError) Error() string {
 	return fmt.Sprintf("request to replica %s: %v", e.Replica, e.Err)
 }
-
-// Unwrap returns the cause.
-func (e *HeaderTooLargeError) Unwrap() error { return e.Err }
 
 // ReplicaError is a replica that failed after taking the request: a
 // body cut short after the response had begun (the

@@ -74,5 +74,8 @@ func TestDeadAfterReadingIsNotRetried(t *testing.T) {
 		if err != nil && Retryable(err) {
 			t.Fatalf("request %d, which the replica read before it died: retryable (%v)", i+1, err)
 		}
+		if ue, ok := errors.AsType[*UnreachableError](err); err != nil && (!ok || !ue.Down) {
+			t.Fatalf("request %d: %#v, want an UnreachableError with the replica down (refused)", i+1, err)
+		}
 	}
 }
