@@ -236,3 +236,53 @@ func TestExpectContinueEarlyAnswer(t *testing.T) {
 		}
 	}
 }
+
+// The proxy's own answer to a request whose body is still coming (a 408 at
+// the request timeout, a 404 to a body over 64 KiB) goes out at once, on a
+// connection that then closes: net/http had first read up to 256 KiB of
+// the body from a client sending it slowly (found by an exploratory run).
+// A small body's connection stays, as a POST shed under load wants.
+func TestOwnAnswerDoesNotWaitForTheUpload(t *testing.T) {
+	reader := handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body) // as the echo handler does
+		_, _ = w.Write(b)
+	})
+	tp := startProxy(t, Options{RequestTimeout: 200 * time.Millisecond}, testDeployment{app: "a", prefix: "/a", factory: reader})
+	for path, want := range map[string]int{"/a/x": http.StatusRequestTimeout, "/nope": http.StatusNotFound} {
+		c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		// 10 bytes of 200000, then nothing: a stalled upload.
+		_, _ = io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n"+strings.Repeat("a", 10))
+		start := time.Now()
+		res, err := http.ReadResponse(bufio.NewReader(c), nil)
+		c.Close()
+		if err != nil || res.StatusCode != want || !res.Close {
+			t.Fatalf("%s with a stalled upload: %v, %v after %v; want %d at once, closing the connection", path, res, err, time.Since(start), want)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("%s: the answer took %v", path, took)
+		}
+	}
+}
+
+func TestOwnAnswerToASmallBodyKeepsTheConnection(t *testing.T) {
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/a", factory: static("hi")})
+	c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	for i := range 2 {
+		_, _ = io.WriteString(c, "POST /nope HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+		res, err := http.ReadResponse(br, nil)
+		if err != nil || res.StatusCode != http.StatusNotFound || res.Close {
+			t.Fatalf("request %d: %v, %v; want a 404 keeping the connection", i+1, res, err)
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+	}
+}

@@ -57,6 +57,9 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	if status == StatusClientClosedRequest {
 		return // nobody is listening
 	}
+	if sw, ok := w.(*statusWriter); ok {
+		sw.own = true // see closeIfBodyLeft
+	}
 	h := w.Header()
 	if status == http.StatusServiceUnavailable {
 		h.Set("Retry-After", "1")

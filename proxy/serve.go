@@ -83,7 +83,7 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	if body := r.Body; body != nil && body != http.NoBody {
 		// Not pooled with sw: a handler past its deadline may read it
 		// after the request.
-		sw.reqBody = &trackedBody{rc: body}
+		sw.reqBody = &trackedBody{rc: body, length: r.ContentLength}
 		sw.expect = r.Header["Expect"] != nil // net/http answered any but 100-continue
 		r.Body = sw.reqBody
 		// net/http decides whether the connection can be reused by the
@@ -146,6 +146,7 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 	}
 	rt := p.table.Match(r.URL.Path)
 	if rt == nil {
+		sw.own = true // see closeIfBodyLeft
 		sw.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		sw.Header().Set("X-Content-Type-Options", "nosniff")
 		sw.WriteHeader(http.StatusNotFound)

@@ -17,15 +17,16 @@ type statusWriter struct {
 	// it.
 	reqBody *trackedBody
 	// fullDuplex is set once the handler read the request body full
-	// duplex; expect when the request asked for 100-continue (see
-	// closeIfBodyLeft).
-	fullDuplex, expect bool
+	// duplex; expect when the request asked for 100-continue; own when
+	// the proxy answers itself, with an error (see closeIfBodyLeft).
+	fullDuplex, expect, own bool
 }
 
 // trackedBody is a request body that records whether it was read to its
 // end.
 type trackedBody struct {
-	rc io.ReadCloser
+	rc     io.ReadCloser
+	length int64 // the request's ContentLength: -1 if unknown
 	// eof and closed are read by the handler's goroutine and written by
 	// the body reader's, which may be another.
 	eof, closed atomic.Bool
@@ -58,15 +59,30 @@ func (b *trackedBody) Close() error {
 //     ("invalid concurrent Body.Read call", golang/go#68560);
 //   - the request asked for 100-continue: net/http would read the body it
 //     never asked for, from a client waiting for an answer;
-//   - the handler closed it: net/http takes it for read.
+//   - the handler closed it: net/http takes it for read;
+//   - the proxy answers itself at the request's deadline (408), or to a
+//     body that is not small (a 404, a 503): net/http would read up to
+//     256 KiB of it first, from a client that may be sending it slowly,
+//     before the answer goes out. A small body it reads at once, and the
+//     connection stays (a POST shed with 503 under load).
 //
 // A replica that answers before the end of the upload (an early 401, a
 // failure) costs its client the connection, as with nginx.
 func (sw *statusWriter) closeIfBodyLeft() {
-	if b := sw.reqBody; b != nil && !b.eof.Load() && (sw.fullDuplex || sw.expect || b.closed.Load()) {
+	b := sw.reqBody
+	if b == nil || b.eof.Load() {
+		return
+	}
+	own := sw.own && (sw.status == http.StatusRequestTimeout || b.length < 0 || b.length > smallRequestBody)
+	if sw.fullDuplex || sw.expect || own || b.closed.Load() {
 		sw.w.Header().Set("Connection", "close")
 	}
 }
+
+// smallRequestBody is the most of a request body that the proxy's own
+// answer leaves for net/http to read before it goes out (see
+// closeIfBodyLeft).
+const smallRequestBody = 64 << 10
 
 var statusWriterPool = sync.Pool{New: func() any { return new(statusWriter) }}
 
