@@ -46,13 +46,18 @@ func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 	}
 	inner := gatherer
 	gatherer = prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
-		// Before any collector runs, so that the scrape shows all of a
-		// gone replica's series or none (see pruneReplicas).
+		// Before any collector runs, and while no other scrape does (two
+		// Prometheus servers), so that a scrape shows all of a gone
+		// replica's series or none (see pruneReplicas).
+		p.scrapeMu.Lock()
 		for _, d := range p.deployments {
 			if rm := d.replicaMetrics; rm != nil {
 				rm.deletePruned()
 			}
 		}
+		p.scrapeMu.Unlock()
+		p.scrapeMu.RLock()
+		defer p.scrapeMu.RUnlock()
 		return inner.Gather()
 	})
 	r := chi.NewRouter()

@@ -127,6 +127,7 @@ const replicaSeriesGrace = 2 * time.Minute
 func (rm *routeMetrics) pruneReplicas(live func(replicaID string) bool, now time.Time) {
 	rm.pruneMu.Lock()
 	defer rm.pruneMu.Unlock()
+	rm.doomed = slices.DeleteFunc(rm.doomed, live) // back before they went
 	var gone []string
 	next := make(map[string]time.Time)
 	for _, id := range rm.replicas.keys() {

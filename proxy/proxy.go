@@ -123,6 +123,9 @@ type Proxy struct {
 	// connections still serving are being closed: a request that ends
 	// for it failed at the proxy (503), its client did not leave (499).
 	cut atomic.Bool
+	// scrapeMu keeps the deletion of gone replicas' series out of the
+	// scrapes in progress (held for reading while one collects).
+	scrapeMu sync.RWMutex
 	// refusals counts the admin calls refused for the token since the
 	// last log line about them, at refusalLoggedAt (Unix ns).
 	refusals        atomic.Int64

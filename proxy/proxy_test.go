@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
 	"github.com/serveproxy/serveproxy/replica"
@@ -982,5 +983,61 @@ func TestShutdownCutIs503(t *testing.T) {
 	}
 	if !found {
 		t.Fatal("serve_num_http_error_requests_total has no error_code=503 for the cut request")
+	}
+}
+
+// A replica that dies of a request it read, on a kept-alive connection,
+// and then refuses the new connection the request is sent again on, leaves
+// routing, though the request may not go elsewhere (it gets 502): it had
+// stayed in routing for its other stale connections to fail (found by
+// review).
+func TestDeadReplicaLeavesRoutingAfterA502(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int32
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/x" && n.Add(1) == 2 {
+			_ = l.Close() // new connections are refused from now on
+			if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				_ = c.Close() // and the kept-alive one breaks before an answer
+			}
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})}
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Close()
+	logs := &syncBuffer{}
+	tp := startProxy(t, Options{Log: zerolog.New(logs)}, testDeployment{app: "up", prefix: "/", targets: []string{"http://" + l.Addr().String()}})
+	if res, _ := get(t, tp.url+"/x"); res.StatusCode != 200 {
+		t.Fatalf("first request: %d", res.StatusCode)
+	}
+	if res, _ := get(t, tp.url+"/x"); res.StatusCode != http.StatusBadGateway {
+		t.Fatalf("the request the replica died of: %d, want 502", res.StatusCode)
+	}
+	if !strings.Contains(logs.String(), "out of routing") {
+		t.Errorf("the dead replica was not taken out of routing:\n%s", logs.String())
+	}
+}
+
+// A replica whose series were doomed by one scrape, and which is back by
+// the next (a host back in DNS), keeps them (found by review).
+func TestDoomedReplicaBackKeepsItsSeries(t *testing.T) {
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/a", factory: static("hi")})
+	get(t, tp.url+"/a")
+	rm := tp.Deployments()[0].replicaMetrics
+	id := tp.Deployments()[0].Replicas()[0].ID()
+	rm.pruneMu.Lock()
+	rm.pruneGrace = 0
+	rm.pruneMu.Unlock()
+	gone := func(string) bool { return false }
+	rm.pruneReplicas(gone, time.Now()) // found gone
+	rm.pruneReplicas(gone, time.Now()) // doomed
+	rm.pruneReplicas(func(string) bool { return true }, time.Now())
+	rm.deletePruned()
+	if len(rm.replicas.keys()) != 1 {
+		t.Fatalf("replica %s, back, lost its series", id)
 	}
 }

@@ -198,14 +198,20 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 			res.err = h.Serve(sw, r)
 			release()
 		}
-		// Another replica may take the request only if none accepted it
-		// (issue 5): refused, unreachable before a byte was sent, or full.
-		if res.err == nil || attempt == maxAttempts || sw.wroteHeader || !replica.Retryable(res.err) {
+		if res.err == nil {
 			break
 		}
+		// A replica that cannot be reached leaves routing, whether or not
+		// the request may go elsewhere (one it reached before dying may
+		// not).
 		var unreachable *replica.UnreachableError
 		if errors.As(res.err, &unreachable) && unreachable.Down {
 			p.routeMeta[rt].deployment.ReportUnreachable(h)
+		}
+		// Another replica may take the request only if none accepted it
+		// (issue 5): refused, unreachable before a byte was sent, or full.
+		if attempt == maxAttempts || sw.wroteHeader || !replica.Retryable(res.err) {
+			break
 		}
 	}
 	res.abort = res.err != nil && (sw.wroteHeader || errors.Is(res.err, http.ErrAbortHandler))
