@@ -64,12 +64,7 @@ func TestFullDuplexEarlyAnswerClosesTheConnection(t *testing.T) {
 
 	for _, tc := range []struct{ path, want string }{{"/early", "200"}, {"/rude", "502"}} {
 		t.Run(tc.path, func(t *testing.T) {
-			c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			c := dialProxy(t, tp)
 			br := bufio.NewReader(c)
 			_, _ = io.WriteString(c, "POST "+tc.path+" HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"+strings.Repeat("a", 10))
 			res, err := http.ReadResponse(br, nil)
@@ -120,11 +115,7 @@ func TestUnreadBodyIsNotSmuggled(t *testing.T) {
 	for _, size := range []int{100 << 10, 400 << 10, 2 << 20} {
 		for _, expect := range []bool{false, true} {
 			body := strings.Repeat(inner, size/len(inner))
-			c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			c := dialProxy(t, tp)
 			head := "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n"
 			if expect {
 				head += "Expect: 100-continue\r\n"
@@ -187,11 +178,7 @@ func TestClosedBodyIsNotSmuggled(t *testing.T) {
 			testDeployment{app: "closer", prefix: "/", factory: closer},
 			testDeployment{app: "late", prefix: "/late", factory: late})
 		for _, path := range []string{"/x", "/late/x"} {
-			c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			c := dialProxy(t, tp)
 			go func() {
 				_, _ = io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: x\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
 			}()
@@ -222,11 +209,7 @@ func TestExpectContinueEarlyAnswer(t *testing.T) {
 	for _, limit := range []int64{0, 100 << 20} {
 		tp := startProxy(t, Options{MaxBodyBytes: limit}, testDeployment{app: "a", prefix: "/a", factory: early})
 		for path, want := range map[string]int{"/nope": 404, "/a": 401} {
-			c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			c := dialProxy(t, tp)
 			_, _ = io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n")
 			res, err := http.ReadResponse(bufio.NewReader(c), nil)
 			c.Close()
@@ -249,11 +232,7 @@ func TestOwnAnswerDoesNotWaitForTheUpload(t *testing.T) {
 	})
 	tp := startProxy(t, Options{RequestTimeout: 200 * time.Millisecond}, testDeployment{app: "a", prefix: "/a", factory: reader})
 	for path, want := range map[string]int{"/a/x": http.StatusRequestTimeout, "/nope": http.StatusNotFound} {
-		c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		c := dialProxy(t, tp)
 		// 10 bytes of 200000, then nothing: a stalled upload.
 		_, _ = io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n"+strings.Repeat("a", 10))
 		start := time.Now()
@@ -270,12 +249,7 @@ func TestOwnAnswerDoesNotWaitForTheUpload(t *testing.T) {
 
 func TestOwnAnswerToASmallBodyKeepsTheConnection(t *testing.T) {
 	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/a", factory: static("hi")})
-	c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialProxy(t, tp)
 	br := bufio.NewReader(c)
 	for i := range 2 {
 		_, _ = io.WriteString(c, "POST /nope HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")

@@ -162,6 +162,19 @@ func startProxyWith(t *testing.T, opts Options, so ServerOptions, deps ...testDe
 	return tp
 }
 
+// dialProxy opens a raw connection to tp's public listener, closed at the
+// end of the test, with a deadline of 10 s for everything on it.
+func dialProxy(t *testing.T, tp *testProxy) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c
+}
+
 // waitFor polls cond for at most 10 seconds.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -436,12 +449,7 @@ func TestClientGone499(t *testing.T) {
 func TestHalfClosedClientGetsNoEmpty200(t *testing.T) {
 	b := newBlocker()
 	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: b.factory})
-	c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialProxy(t, tp)
 	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -462,11 +470,7 @@ func TestHalfClosedClientGetsNoEmpty200(t *testing.T) {
 func TestConnect501(t *testing.T) {
 	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: static("hi")})
 	for _, target := range []string{"127.0.0.1:1", "/x"} {
-		c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		c := dialProxy(t, tp)
 		_, _ = io.WriteString(c, "CONNECT "+target+" HTTP/1.1\r\nHost: 127.0.0.1:1\r\n\r\n")
 		res, err := http.ReadResponse(bufio.NewReader(c), nil)
 		c.Close()
@@ -480,12 +484,7 @@ func TestConnect501(t *testing.T) {
 // had been forwarded as %23, another path (found by an exploratory run).
 func TestFragmentInTarget400(t *testing.T) {
 	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: static("hi")})
-	c, err := net.Dial("tcp", strings.TrimPrefix(tp.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialProxy(t, tp)
 	_, _ = io.WriteString(c, "GET /a#frag HTTP/1.1\r\nHost: x\r\n\r\n")
 	res, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil || res.StatusCode != http.StatusBadRequest {
