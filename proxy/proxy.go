@@ -123,6 +123,8 @@ type Proxy struct {
 	// connections still serving are being closed: a request that ends
 	// for it failed at the proxy (503), its client did not leave (499).
 	cut atomic.Bool
+	// hijacks are the connections handlers took over (WebSockets).
+	hijacks hijackedConns
 	// scrapeMu keeps the deletion of gone replicas' series out of the
 	// scrapes in progress (held for reading while one collects).
 	scrapeMu sync.RWMutex

@@ -80,6 +80,7 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 
 	sw := getStatusWriter(w)
 	defer putStatusWriter(sw)
+	sw.hijacks = &p.hijacks
 	if body := r.Body; body != nil && body != http.NoBody {
 		// Not pooled with sw: a handler past its deadline may read it
 		// after the request.
@@ -236,7 +237,11 @@ func (p *Proxy) serveWithDeadline(ctx context.Context, h replica.Handle, release
 		return err
 	case <-ctx.Done():
 	}
-	dw.close()
+	if dw.close() {
+		// A WebSocket, say: the deadline was its handshake's, and its
+		// handler has the connection now. Its slot is held until it ends.
+		return <-done
+	}
 	select {
 	case err := <-done:
 		// It finished just as the deadline passed: its answer stands if

@@ -99,6 +99,14 @@ func (p *Proxy) Serve(ctx context.Context, public, admin net.Listener, so Server
 		p.cut.Store(true)
 		errs = append(errs, fmt.Errorf("graceful shutdown: %w", err), pub.Close())
 	}
+	// Connections taken over by their handlers (WebSockets) are not
+	// net/http's to wait for: they get what is left of the period, then
+	// are closed, which ends their handlers.
+	if n := p.hijacks.wait(sctx); n > 0 {
+		p.opts.Log.Warn().Int("connections", n).
+			Msg("upgraded connections (WebSockets) still open at the graceful shutdown timeout; closing them")
+	}
+	p.hijacks.closeAll()
 	if so.OnDrained != nil {
 		so.OnDrained()
 	}

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"bufio"
 	"io"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -20,6 +22,8 @@ type statusWriter struct {
 	// duplex; expect when the request asked for 100-continue; own when
 	// the proxy answers itself, with an error (see closeIfBodyLeft).
 	fullDuplex, expect, own bool
+	// hijacks keeps the connections handlers take over (see Hijack).
+	hijacks *hijackedConns
 }
 
 // trackedBody is a request body that records whether it was read to its
@@ -138,6 +142,27 @@ func (sw *statusWriter) EnableFullDuplex() error {
 	return http.NewResponseController(sw.w).EnableFullDuplex()
 }
 
+// Hijack implements http.Hijacker: a handler (a WebSocket, relayed to a
+// replica in another process or served in process) takes the connection
+// over. It is kept track of, for the graceful shutdown, and the request is
+// recorded as 101 Switching Protocols.
+func (sw *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	var (
+		c   net.Conn
+		brw *bufio.ReadWriter
+		err error
+	)
+	if sw.hijacks != nil {
+		c, brw, err = sw.hijacks.hijack(sw.w)
+	} else {
+		c, brw, err = http.NewResponseController(sw.w).Hijack()
+	}
+	if err == nil {
+		sw.status, sw.wroteHeader = http.StatusSwitchingProtocols, true
+	}
+	return c, brw, err
+}
+
 // Unwrap lets http.ResponseController reach the connection's writer.
 func (sw *statusWriter) Unwrap() http.ResponseWriter { return sw.w }
 
@@ -147,10 +172,11 @@ func (sw *statusWriter) Unwrap() http.ResponseWriter { return sw.w }
 // touching a ResponseWriter after ServeHTTP has returned.
 type deadlineWriter struct {
 	// mu guards header, closed and the use of w.
-	mu     sync.Mutex
-	w      *statusWriter
-	header http.Header // the handler's own, copied to w on the first write
-	closed bool
+	mu       sync.Mutex
+	w        *statusWriter
+	header   http.Header // the handler's own, copied to w on the first write
+	closed   bool
+	hijacked bool // the handler took the connection over
 }
 
 func newDeadlineWriter(w *statusWriter) *deadlineWriter {
@@ -216,11 +242,36 @@ func (dw *deadlineWriter) EnableFullDuplex() error {
 	return http.NewResponseController(dw.w).EnableFullDuplex()
 }
 
-// close stops the handler's writes.
-func (dw *deadlineWriter) close() {
+// Hijack implements http.Hijacker. A handler that took its connection
+// over is no longer bound by the request's deadline (see close): the
+// timeout bounds a WebSocket's handshake, not the session. The header it
+// reads from now on is the response's own, with what the proxy set (the
+// request id) and what it had set itself.
+func (dw *deadlineWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	dw.mu.Lock()
+	defer dw.mu.Unlock()
+	if dw.closed {
+		return nil, nil, http.ErrHandlerTimeout
+	}
+	c, brw, err := dw.w.Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	dst := dw.w.Header()
+	for k, v := range dw.header {
+		dst[k] = v
+	}
+	dw.header, dw.hijacked = dst, true
+	return c, brw, nil
+}
+
+// close stops the handler's writes, and reports whether the handler had
+// hijacked its connection: then the proxy waits for it to return.
+func (dw *deadlineWriter) close() (hijacked bool) {
 	dw.mu.Lock()
 	defer dw.mu.Unlock()
 	dw.closed = true
+	return dw.hijacked
 }
 
 // finish is close for a handler that has returned, with err. What it

@@ -214,6 +214,9 @@ type outgoing struct {
 	body bodyGuard
 	xff  [1]string // X-Forwarded-For's value
 	xfh  [1]string // X-Forwarded-Host's value
+	// upgrade is set when the client asked to switch protocols (a
+	// WebSocket): Connection and Upgrade are passed on.
+	upgrade bool
 }
 
 // BatchAnswers implements AnswerBatcher: an HTTP replica's answers go out
@@ -258,6 +261,7 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 	out.Trailer = nil
 	out.GetBody = nil
 	out.Response = nil
+	o.upgrade = upgradeRequested(r)
 	out.Header = u.requestHeader(o, r)
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		// A nil body lets the transport retry by itself on a keep-alive
@@ -298,6 +302,9 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 			o.body.rewindInto(r)
 		}
 		return &FullError{Replica: u.id, BodyLost: !replayable}
+	}
+	if res.StatusCode == http.StatusSwitchingProtocols {
+		return u.switchProtocols(w, r, res)
 	}
 
 	stream := streams(res)

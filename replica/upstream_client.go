@@ -577,6 +577,16 @@ func (cc *clientConn) roundTrip(req *http.Request) (res *http.Response, answered
 		}
 		return fail(err)
 	}
+	if res.StatusCode == http.StatusSwitchingProtocols {
+		// The connection carries the protocol the request asked for now,
+		// and is the caller's until it closes it: the request's context
+		// no longer ends it, nor does it go back to the pool.
+		if stop != nil {
+			stop()
+		}
+		res.Body = &switchedConn{cc: cc}
+		return res, true, nil
+	}
 	b.cc, b.stop, b.wrote = cc, stop, wrote
 	switch {
 	case !bodyAllowed(req.Method, res.StatusCode):
@@ -589,6 +599,26 @@ func (cc *clientConn) roundTrip(req *http.Request) (res *http.Response, answered
 		res.Body = b
 	}
 	return res, true, nil
+}
+
+// switchedConn is a connection to a replica that switched protocols (a
+// 101 to an upgrade request): the response's Body, an io.ReadWriteCloser as
+// net/http's transport gives one. Reads begin with what the replica sent
+// after the 101's head, already buffered.
+type switchedConn struct {
+	cc *clientConn
+}
+
+// Read implements io.Reader.
+func (s *switchedConn) Read(p []byte) (int, error) { return s.cc.br.Read(p) }
+
+// Write implements io.Writer.
+func (s *switchedConn) Write(p []byte) (int, error) { return s.cc.conn.Write(p) }
+
+// Close closes the connection and frees its place in the pool.
+func (s *switchedConn) Close() error {
+	s.cc.close()
+	return nil
 }
 
 // bodyAllowed reports whether a response to method with status code has a
@@ -861,7 +891,12 @@ func (cc *clientConn) readHead(req *http.Request, b *responseBody) (answered boo
 		}
 		if code >= 100 && code <= 199 {
 			if code == http.StatusSwitchingProtocols {
-				return true, &errMalformed{"101 Switching Protocols to a request that asked for no upgrade"}
+				if req.Header["Upgrade"] == nil {
+					return true, &errMalformed{"101 Switching Protocols to a request that asked for no upgrade"}
+				}
+				// What follows is the new protocol's: no body framing.
+				res.Request = req
+				return true, nil
 			}
 			if n1xx >= max1xxResponses {
 				return true, &errMalformed{"too many 1xx responses"}

@@ -10,9 +10,10 @@ import (
 // Static header values, shared by every request: the transport only reads
 // them, and their capacity is their length so that an append copies.
 var (
-	protoHTTP  = []string{"http"}
-	protoHTTPS = []string{"https"}
-	teTrailers = []string{"trailers"}
+	protoHTTP   = []string{"http"}
+	protoHTTPS  = []string{"https"}
+	teTrailers  = []string{"trailers"}
+	connUpgrade = []string{"Upgrade"}
 )
 
 const (
@@ -134,6 +135,12 @@ func (u *Upstream) requestHeader(o *outgoing, r *http.Request) http.Header {
 	}
 	if u.via != "" {
 		h["Via"] = []string{joinVia(in["Via"], u.via)}
+	}
+	if o.upgrade {
+		// The one hop-by-hop request a proxy passes on, as RFC 9110
+		// (section 7.8) has it do for a protocol it can relay.
+		h["Connection"] = connUpgrade
+		h["Upgrade"] = in["Upgrade"]
 	}
 	return h
 }

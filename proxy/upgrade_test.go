@@ -1,0 +1,226 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/rs/zerolog"
+)
+
+// wsBackend is an HTTP server on loopback, a replica in another process as
+// the proxy sees it: a WebSocket echo at /ws (refused with 403 at
+// /ws-refused), and "ok" elsewhere (its health checks).
+type wsBackend struct {
+	url string
+	mu  sync.Mutex
+	hdr http.Header // the last handshake's request header
+}
+
+func startWSBackend(t *testing.T) *wsBackend {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &wsBackend{url: "http://" + l.Addr().String()}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/ws":
+			b.mu.Lock()
+			b.hdr = r.Header.Clone()
+			b.mu.Unlock()
+			w.Header().Set("X-Replica", "echo")
+			c, err := websocket.Accept(w, r, nil)
+			if err != nil {
+				return
+			}
+			defer c.CloseNow()
+			c.SetReadLimit(1 << 20)
+			for {
+				typ, msg, err := c.Read(context.Background())
+				if err != nil {
+					return
+				}
+				if err := c.Write(context.Background(), typ, msg); err != nil {
+					return
+				}
+			}
+		case "/ws-refused":
+			http.Error(w, "no WebSockets for you", http.StatusForbidden)
+		default:
+			_, _ = w.Write([]byte("ok"))
+		}
+	})}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return b
+}
+
+func (b *wsBackend) header() http.Header {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.hdr
+}
+
+// dialWS opens a WebSocket to the proxy at path, closed at the end of the
+// test.
+func dialWS(t *testing.T, tp *testProxy, path string, header http.Header) (*websocket.Conn, *http.Response) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, res, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(tp.url, "http")+path, &websocket.DialOptions{HTTPHeader: header})
+	if err != nil {
+		t.Fatalf("WebSocket handshake through the proxy: %v", err)
+	}
+	c.SetReadLimit(1 << 20)
+	t.Cleanup(func() { _ = c.CloseNow() })
+	return c, res
+}
+
+// echo sends msg on c and checks that it comes back.
+func echo(t *testing.T, c *websocket.Conn, msg string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+		t.Fatalf("write %d bytes: %v", len(msg), err)
+	}
+	_, got, err := c.Read(ctx)
+	if err != nil {
+		t.Fatalf("read the echo of %d bytes: %v", len(msg), err)
+	}
+	if string(got) != msg {
+		t.Fatalf("echo: got %d bytes, want %d", len(got), len(msg))
+	}
+}
+
+// A WebSocket reaches a replica in another process: the handshake is
+// relayed (Connection and Upgrade passed on, X-Forwarded-For set, the
+// request id echoed), messages go both ways, and the request is logged as
+// 101 once the session ends. Before, the proxy dropped Upgrade as a
+// hop-by-hop header and the handshake failed.
+func TestWebSocketToUpstream(t *testing.T) {
+	b := startWSBackend(t)
+	tp := startProxy(t, Options{}, testDeployment{app: "ws", prefix: "/", targets: []string{b.url}})
+	c, res := dialWS(t, tp, "/ws", http.Header{"X-Request-Id": {"ws-1"}})
+	if res.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("handshake status %d", res.StatusCode)
+	}
+	if got := res.Header.Get("X-Request-Id"); got != "ws-1" {
+		t.Errorf("X-Request-Id %q, want ws-1", got)
+	}
+	if got := res.Header.Get("X-Replica"); got != "echo" {
+		t.Errorf("the replica's own header: %q, want echo", got)
+	}
+	for _, msg := range []string{"one", "two", strings.Repeat("x", 100<<10)} {
+		echo(t, c, msg)
+	}
+	h := b.header()
+	if h.Get("X-Forwarded-For") != "127.0.0.1" || h.Get("X-Request-Id") != "ws-1" {
+		t.Errorf("replica saw X-Forwarded-For %q, X-Request-Id %q", h.Get("X-Forwarded-For"), h.Get("X-Request-Id"))
+	}
+	if err := c.Close(websocket.StatusNormalClosure, "bye"); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	waitFor(t, "the session's access-log line", func() bool {
+		return strings.Contains(tp.access.String(), `"request_id":"ws-1"`)
+	})
+	if line := tp.access.String(); !strings.Contains(line, `"status":101`) {
+		t.Errorf("access log: %s", line)
+	}
+	// Its slot was held for the session and is free again.
+	if res, body := get(t, tp.url+"/"); res.StatusCode != 200 || body != "ok" {
+		t.Errorf("plain request after the session: %d %q", res.StatusCode, body)
+	}
+}
+
+// A replica that refuses the upgrade answers as it likes, and the client
+// gets that answer.
+func TestWebSocketRefusedByReplica(t *testing.T) {
+	b := startWSBackend(t)
+	tp := startProxy(t, Options{}, testDeployment{app: "ws", prefix: "/", targets: []string{b.url}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, res, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(tp.url, "http")+"/ws-refused", nil)
+	if err == nil {
+		_ = c.CloseNow()
+		t.Fatal("handshake succeeded; the replica refused it")
+	}
+	if res == nil || res.StatusCode != http.StatusForbidden {
+		t.Fatalf("want the replica's 403, got %v (%v)", res, err)
+	}
+}
+
+// The request timeout bounds the handshake, not the session: a WebSocket
+// lives past it.
+func TestWebSocketOutlivesRequestTimeout(t *testing.T) {
+	b := startWSBackend(t)
+	tp := startProxy(t, Options{RequestTimeout: 100 * time.Millisecond}, testDeployment{app: "ws", prefix: "/", targets: []string{b.url}})
+	c, _ := dialWS(t, tp, "/ws", nil)
+	echo(t, c, "before")
+	time.Sleep(300 * time.Millisecond) // three timeouts
+	echo(t, c, "after")
+	if err := c.Close(websocket.StatusNormalClosure, ""); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	waitFor(t, "the session's access-log line", func() bool { return strings.Contains(tp.access.String(), `"status":101`) })
+}
+
+// At shutdown an open WebSocket keeps working through the graceful period
+// and is closed when it ends; the proxy then stops. net/http's Shutdown
+// neither waits for nor closes hijacked connections.
+func TestWebSocketClosedAtGracefulShutdown(t *testing.T) {
+	b := startWSBackend(t)
+	logs := &syncBuffer{}
+	tp := startProxy(t, Options{Log: zerolog.New(logs)}, testDeployment{app: "ws", prefix: "/", targets: []string{b.url}, grace: 2 * time.Second})
+	c, _ := dialWS(t, tp, "/ws", nil)
+	echo(t, c, "before")
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- tp.stop() }()
+	waitFor(t, "draining", func() bool { return tp.draining.Load() })
+	echo(t, c, "while draining")
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("Serve: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the proxy did not stop with a WebSocket open")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, _, err := c.Read(ctx); err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("read after shutdown: %v; want the connection closed", err)
+	}
+	if !strings.Contains(logs.String(), "upgraded connections") {
+		t.Errorf("no log line for the WebSocket closed at shutdown:\n%s", logs.String())
+	}
+}
+
+// An in-process handler may hijack its connection under a request timeout
+// too, and is not cut at the deadline.
+func TestInProcessHijackUnderRequestTimeout(t *testing.T) {
+	tp := startProxy(t, Options{RequestTimeout: 100 * time.Millisecond}, testDeployment{app: "a", prefix: "/", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			http.Error(w, err.Error(), 500)
+			return
+		}
+		defer c.Close()
+		time.Sleep(300 * time.Millisecond) // past the deadline
+		_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nlater\n")
+		_ = brw.Flush()
+	})})
+	res, body := get(t, tp.url+"/")
+	if res.StatusCode != 200 || body != "later\n" {
+		t.Fatalf("got %d %q, want the hijacker's 200", res.StatusCode, body)
+	}
+}
