@@ -1261,6 +1261,16 @@ func TestStartAnswers503(t *testing.T) {
 	if r := get(t, c, "http://"+addrs.HTTPAddr+"/"); r.status != 200 || r.body != "hi" {
 		t.Fatalf("GET / once serving: %d %q", r.status, r.body)
 	}
+	// The start's 503s came before the access log: a line counts them.
+	found := false
+	for _, line := range p.stderrLines() {
+		if strings.Contains(line, `"requests":3`) && strings.Contains(line, "answered 503 during the start") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no log line counting the 3 answers of the start:\n%s", strings.Join(p.stderrLines(), "\n"))
+	}
 }
 
 // TestReplicaHostBackWithOtherActors restarts a deployment's replica host

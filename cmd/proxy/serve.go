@@ -49,7 +49,9 @@ func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path s
 	log.Info().Str("http_addr", public.Addr().String()).Str("admin_addr", admin.Addr().String()).
 		Msg("listening; answering 503 until the deployments' first starts are done")
 	apps, discoveries, err := build(ctx, cfg, e, reg, log)
-	starting.handBack()
+	if n := starting.handBack(); n > 0 {
+		log.Info().Int64("requests", n).Msg("answered 503 during the start (probes of /-/healthz included), before the access log began")
+	}
 	if err != nil && ctx.Err() != nil {
 		log.Info().Msg("shutdown asked for during the start; what had started is stopped")
 		return nil

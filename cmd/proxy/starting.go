@@ -25,6 +25,9 @@ type startingServer struct {
 	lent    []*lentListener
 	servers []*http.Server
 	wg      sync.WaitGroup
+	// answered counts the 503s, for a log line at handBack: the access
+	// log and metrics begin with the proxy proper.
+	answered atomic.Int64
 }
 
 // errHandedBack ends a startingServer's Serve once its listener is taken
@@ -60,7 +63,10 @@ func serveStarting(log zerolog.Logger, readHeaderTimeout time.Duration, maxHeade
 		}
 		ll := &lentListener{TCPListener: tl}
 		srv := &http.Server{
-			Handler:           http.HandlerFunc(answerStarting),
+			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				s.answered.Add(1)
+				answerStarting(w, r)
+			}),
 			ReadHeaderTimeout: readHeaderTimeout,
 			MaxHeaderBytes:    maxHeaderBytes,
 			ErrorLog:          errLog,
@@ -87,8 +93,9 @@ func answerStarting(w http.ResponseWriter, r *http.Request) {
 // handBack stops accepting and returns once the answers in flight are
 // written (for up to a second; a connection that has not sent its request
 // by then is closed, unanswered as it asked nothing), leaving the
-// listeners open for the proxy proper.
-func (s *startingServer) handBack() {
+// listeners open for the proxy proper. It returns how many requests were
+// answered 503.
+func (s *startingServer) handBack() int64 {
 	for _, l := range s.lent {
 		l.back.Store(true)
 		_ = l.SetDeadline(time.Now()) // wakes the Accept
@@ -108,4 +115,5 @@ func (s *startingServer) handBack() {
 	for _, l := range s.lent {
 		_ = l.SetDeadline(time.Time{})
 	}
+	return s.answered.Load()
 }
