@@ -52,7 +52,10 @@ type result struct {
 	// did); end is when the request was done.
 	replicaStart time.Time
 	end          time.Time
-	err          error
+	// switchedAt is when a handler took the connection over (a
+	// WebSocket's handshake done); zero if none did.
+	switchedAt time.Time
+	err        error
 	// abort is set when the replica failed after its response had begun:
 	// the connection must be cut so the client cannot take a truncated
 	// answer for a whole one.
@@ -94,6 +97,7 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	}
 	res := p.route(sw, r, start)
 	res.end = time.Now()
+	res.switchedAt = sw.switchedAt
 	if res.status == StatusClientClosedRequest && p.cut.Load() {
 		res.status, res.cut = http.StatusServiceUnavailable, true // see Proxy.cut
 		res.err = errCutAtShutdown
@@ -300,7 +304,15 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 	if res.replica != nil {
 		replicaID = res.replica.ID()
 		ro := rs.metrics.replicas.get(replicaID)
-		ro.latency.Observe(float64(res.end.Sub(res.replicaStart)) / float64(time.Millisecond))
+		end := res.end
+		if !res.switchedAt.IsZero() {
+			// A WebSocket's processing is its handshake: its length
+			// would swamp the histogram, which has no status label to
+			// tell it apart (the access log and the HTTP histogram,
+			// under 101, have the length).
+			end = res.switchedAt
+		}
+		ro.latency.Observe(float64(end.Sub(res.replicaStart)) / float64(time.Millisecond))
 		if res.status >= 500 && !res.cut {
 			ro.errors.Inc()
 		}

@@ -3,6 +3,8 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -52,6 +54,9 @@ func startWSBackend(t *testing.T) *wsBackend {
 					return
 				}
 			}
+		case "/seen":
+			// What reached the replica of an upgrade it was not given.
+			_, _ = fmt.Fprintf(w, "%s upgrade=%q connection=%q", r.Method, r.Header.Get("Upgrade"), r.Header.Get("Connection"))
 		case "/ws-refused":
 			http.Error(w, "no WebSockets for you", http.StatusForbidden)
 		default:
@@ -108,7 +113,7 @@ func echo(t *testing.T, c *websocket.Conn, msg string) {
 // hop-by-hop header and the handshake failed.
 func TestWebSocketToUpstream(t *testing.T) {
 	b := startWSBackend(t)
-	tp := startProxy(t, Options{}, testDeployment{app: "ws", prefix: "/", targets: []string{b.url}})
+	tp := startProxy(t, Options{}, testDeployment{app: "ws", prefix: "/", targets: []string{b.url}, maxOngoing: 1})
 	c, res := dialWS(t, tp, "/ws", http.Header{"X-Request-Id": {"ws-1"}})
 	if res.StatusCode != http.StatusSwitchingProtocols {
 		t.Fatalf("handshake status %d", res.StatusCode)
@@ -126,8 +131,36 @@ func TestWebSocketToUpstream(t *testing.T) {
 	if h.Get("X-Forwarded-For") != "127.0.0.1" || h.Get("X-Request-Id") != "ws-1" {
 		t.Errorf("replica saw X-Forwarded-For %q, X-Request-Id %q", h.Get("X-Forwarded-For"), h.Get("X-Request-Id"))
 	}
+	// The session holds the replica's one slot: a plain request waits
+	// for it, and is served once the session ends.
+	type answer struct {
+		status int
+		body   string
+	}
+	waited := make(chan answer, 1)
+	go func() {
+		res, err := http.Get(tp.url + "/")
+		if err != nil {
+			waited <- answer{body: err.Error()}
+			return
+		}
+		defer res.Body.Close()
+		body, _ := io.ReadAll(res.Body)
+		waited <- answer{res.StatusCode, string(body)}
+	}()
+	waitFor(t, "the plain request to queue", func() bool {
+		return tp.Deployments()[0].Scheduler.Queued() == 1
+	})
 	if err := c.Close(websocket.StatusNormalClosure, "bye"); err != nil {
 		t.Fatalf("close: %v", err)
+	}
+	select {
+	case a := <-waited:
+		if a.status != 200 || a.body != "ok" {
+			t.Errorf("the request that waited for the session: %d %q", a.status, a.body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slot stayed taken after the session ended")
 	}
 	waitFor(t, "the session's access-log line", func() bool {
 		return strings.Contains(tp.access.String(), `"request_id":"ws-1"`)
@@ -135,9 +168,34 @@ func TestWebSocketToUpstream(t *testing.T) {
 	if line := tp.access.String(); !strings.Contains(line, `"status":101`) {
 		t.Errorf("access log: %s", line)
 	}
-	// Its slot was held for the session and is free again.
-	if res, body := get(t, tp.url+"/"); res.StatusCode != 200 || body != "ok" {
-		t.Errorf("plain request after the session: %d %q", res.StatusCode, body)
+}
+
+// Only a WebSocket handshake (a GET) is relayed: another protocol (h2c, a
+// raw tunnel) or an upgrade on another method reaches the replica as a
+// plain request, its Upgrade dropped as hop-by-hop.
+func TestOnlyWebSocketUpgradesAreRelayed(t *testing.T) {
+	b := startWSBackend(t)
+	tp := startProxy(t, Options{}, testDeployment{app: "ws", prefix: "/", targets: []string{b.url}})
+	for _, tc := range []struct{ method, upgrade, want string }{
+		{"GET", "h2c", `GET upgrade="" connection=""`},
+		{"GET", "tcp", `GET upgrade="" connection=""`},
+		{"POST", "websocket", `POST upgrade="" connection=""`},
+	} {
+		req, err := http.NewRequest(tc.method, tp.url+"/seen", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", tc.upgrade)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s with Upgrade: %s: %v", tc.method, tc.upgrade, err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != 200 || string(body) != tc.want {
+			t.Errorf("%s with Upgrade: %s: %d %q, want 200 %q", tc.method, tc.upgrade, res.StatusCode, body, tc.want)
+		}
 	}
 }
 

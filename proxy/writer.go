@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // statusWriter records the status and whether anything was written, for
@@ -22,8 +23,10 @@ type statusWriter struct {
 	// duplex; expect when the request asked for 100-continue; own when
 	// the proxy answers itself, with an error (see closeIfBodyLeft).
 	fullDuplex, expect, own bool
-	// hijacks keeps the connections handlers take over (see Hijack).
-	hijacks *hijackedConns
+	// hijacks keeps the connections handlers take over (see Hijack);
+	// switchedAt is when one did.
+	hijacks    *hijackedConns
+	switchedAt time.Time
 }
 
 // trackedBody is a request body that records whether it was read to its
@@ -106,8 +109,10 @@ func (sw *statusWriter) Header() http.Header { return sw.w.Header() }
 
 // WriteHeader implements http.ResponseWriter.
 func (sw *statusWriter) WriteHeader(code int) {
-	if !sw.wroteHeader && code >= 200 {
-		// 1xx informational headers may precede the real one.
+	if !sw.wroteHeader && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		// 1xx informational headers may precede the real one; a 101 is
+		// final, as net/http has it (a WebSocket handler writes it
+		// before it hijacks the connection).
 		sw.status, sw.wroteHeader = code, true
 		sw.closeIfBodyLeft()
 	}
@@ -159,6 +164,7 @@ func (sw *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	}
 	if err == nil {
 		sw.status, sw.wroteHeader = http.StatusSwitchingProtocols, true
+		sw.switchedAt = time.Now()
 	}
 	return c, brw, err
 }

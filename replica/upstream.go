@@ -91,6 +91,7 @@ type Upstream struct {
 	ownedRT     interface{ CloseIdleConnections() } // closed by Close; nil when given
 	forgotten   atomic.Bool                         // Close told a given UpstreamClient
 	ownedHealth *http.Transport                     // likewise
+	sessions    sessions                            // its WebSockets, closed by Close
 
 	slots
 }
@@ -193,7 +194,8 @@ func (u *Upstream) URL() string { return u.base.String() }
 // Close closes the idle connections of the transports the Upstream built
 // for itself, and its connections in an UpstreamClient given in
 // UpstreamOptions (other given transports are left alone). In-flight
-// requests are not cut.
+// requests are not cut, but its WebSocket sessions are closed: they would
+// go on for as long as their clients like, to a replica that has left.
 func (u *Upstream) Close() {
 	if u.ownedRT != nil {
 		u.ownedRT.CloseIdleConnections()
@@ -203,6 +205,7 @@ func (u *Upstream) Close() {
 	if u.ownedHealth != nil {
 		u.ownedHealth.CloseIdleConnections()
 	}
+	u.sessions.closeAll() // its WebSockets: the replica has left
 }
 
 // outgoing is one forwarded request: everything Serve builds for it, in one
@@ -304,6 +307,14 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 		return &FullError{Replica: u.id, BodyLost: !replayable}
 	}
 	if res.StatusCode == http.StatusSwitchingProtocols {
+		if !o.upgrade {
+			// Another RoundTripper than UpstreamClient (net/http's) lets
+			// a replica switch unasked, with a request body maybe still
+			// being sent: that is no answer to relay.
+			res.Body.Close()
+			o.body.detach()
+			return &InvalidResponseError{Replica: u.id, Err: errors.New("101 Switching Protocols to a request the proxy did not ask to upgrade")}
+		}
 		return u.switchProtocols(w, r, res)
 	}
 

@@ -581,8 +581,11 @@ func (cc *clientConn) roundTrip(req *http.Request) (res *http.Response, answered
 		// The connection carries the protocol the request asked for now,
 		// and is the caller's until it closes it: the request's context
 		// no longer ends it, nor does it go back to the pool.
-		if stop != nil {
-			stop()
+		if stop != nil && !stop() {
+			// The context ended (and its abort closed the connection)
+			// just as the 101 came: there is no session to hand over.
+			cc.close()
+			return nil, true, ctx.Err()
 		}
 		res.Body = &switchedConn{cc: cc}
 		return res, true, nil
