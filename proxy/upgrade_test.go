@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -59,6 +60,10 @@ func startWSBackend(t *testing.T) *wsBackend {
 			_, _ = fmt.Fprintf(w, "%s upgrade=%q connection=%q", r.Method, r.Header.Get("Upgrade"), r.Header.Get("Connection"))
 		case "/ws-refused":
 			http.Error(w, "no WebSockets for you", http.StatusForbidden)
+		case "/ws-426":
+			w.Header().Set("Upgrade", "websocket")
+			w.Header().Set("Connection", "Upgrade")
+			http.Error(w, "upgrade, please", http.StatusUpgradeRequired)
 		default:
 			_, _ = w.Write([]byte("ok"))
 		}
@@ -213,6 +218,32 @@ func TestWebSocketRefusedByReplica(t *testing.T) {
 	}
 	if res == nil || res.StatusCode != http.StatusForbidden {
 		t.Fatalf("want the replica's 403, got %v (%v)", res, err)
+	}
+	// A 426 keeps the Upgrade header it must have, hop-by-hop as it is.
+	res, body := get(t, tp.url+"/ws-426")
+	if res.StatusCode != http.StatusUpgradeRequired || res.Header.Get("Upgrade") != "websocket" {
+		t.Errorf("426: %d, Upgrade %q (%q)", res.StatusCode, res.Header.Get("Upgrade"), body)
+	}
+}
+
+// A client may offer other protocols beside websocket: the replica is
+// offered websocket alone, and its 101 relayed (found by an exploratory
+// run: it had been a 502).
+func TestWebSocketAmongOtherProtocols(t *testing.T) {
+	b := startWSBackend(t)
+	tp := startProxy(t, Options{}, testDeployment{app: "ws", prefix: "/", targets: []string{b.url}})
+	c := dialProxy(t, tp)
+	_, _ = io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Upgrade\r\nUpgrade: h2c, websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StatusCode != http.StatusSwitchingProtocols || res.Header.Get("Upgrade") != "websocket" || res.Header.Get("Sec-Websocket-Accept") == "" {
+		t.Fatalf("%d %v", res.StatusCode, res.Header)
+	}
+	if got := b.header().Get("Upgrade"); got != "websocket" {
+		t.Errorf("replica was offered %q, want websocket alone", got)
 	}
 }
 

@@ -337,6 +337,9 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 
 	hdr := w.Header()
 	u.copyResponseHeader(hdr, res.Header)
+	if v := res.Header["Upgrade"]; res.StatusCode == http.StatusUpgradeRequired && v != nil {
+		hdr["Upgrade"] = v // a 426 must say what to upgrade to (RFC 9110 section 15.5.22)
+	}
 	announced := len(res.Trailer)
 	if announced > 0 {
 		keys := make([]string, 0, announced)

@@ -10,10 +10,11 @@ import (
 // Static header values, shared by every request: the transport only reads
 // them, and their capacity is their length so that an append copies.
 var (
-	protoHTTP   = []string{"http"}
-	protoHTTPS  = []string{"https"}
-	teTrailers  = []string{"trailers"}
-	connUpgrade = []string{"Upgrade"}
+	protoHTTP        = []string{"http"}
+	protoHTTPS       = []string{"https"}
+	teTrailers       = []string{"trailers"}
+	connUpgrade      = []string{"Upgrade"}
+	upgradeWebSocket = []string{"websocket"}
 )
 
 const (
@@ -140,7 +141,7 @@ func (u *Upstream) requestHeader(o *outgoing, r *http.Request) http.Header {
 		// The one hop-by-hop request a proxy passes on, as RFC 9110
 		// (section 7.8) has it do for a protocol it can relay.
 		h["Connection"] = connUpgrade
-		h["Upgrade"] = in["Upgrade"]
+		h["Upgrade"] = upgradeWebSocket // of the protocols offered, the one relayed
 	}
 	return h
 }
