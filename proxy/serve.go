@@ -219,7 +219,8 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 			break
 		}
 	}
-	res.abort = res.err != nil && (sw.wroteHeader || errors.Is(res.err, http.ErrAbortHandler))
+	// (A handler that took the connection over has nothing left to abort.)
+	res.abort = res.err != nil && sw.switchedAt.IsZero() && (sw.wroteHeader || errors.Is(res.err, http.ErrAbortHandler))
 	res.status = p.finish(sw, r, res.err, res.abort)
 	return res
 }
@@ -268,6 +269,11 @@ func (p *Proxy) finish(sw *statusWriter, r *http.Request, err error, abort bool)
 		if errors.As(err, &pe) {
 			p.opts.Log.Error().Str("panic", fmt.Sprint(pe.Value)).Bytes("stack", pe.Stack).
 				Str("path", r.URL.Path).Msg("handler panicked; answered 500")
+		}
+		if !sw.switchedAt.IsZero() {
+			// The connection was the handler's (a WebSocket): there is
+			// no status to send, and the error goes in its log line.
+			return http.StatusSwitchingProtocols
 		}
 		if !sw.wroteHeader && !abort {
 			writeError(sw, status, errorMessage(status, err))
@@ -336,8 +342,8 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 		Int("status", res.status).
 		RawJSON("latency_ms", appendMillis(buf[:0], elapsed)).
 		Str("replica", replicaID)
-	if res.err != nil && res.status >= 500 {
-		e.Str("error", clipped(res.err.Error())) // why: a replica's 500, 502 or 504
+	if res.err != nil && (res.status >= 500 || res.status == http.StatusSwitchingProtocols) {
+		e.Str("error", clipped(res.err.Error())) // why: a replica's 500, 502 or 504, a WebSocket's replica gone
 	}
 	e.Msg("")
 }

@@ -60,6 +60,20 @@ func startWSBackend(t *testing.T) *wsBackend {
 			_, _ = fmt.Fprintf(w, "%s upgrade=%q connection=%q", r.Method, r.Header.Get("Upgrade"), r.Header.Get("Connection"))
 		case "/ws-refused":
 			http.Error(w, "no WebSockets for you", http.StatusForbidden)
+		case "/ws-reset":
+			// Switches, reads a byte, then resets the connection: a
+			// replica whose machine went away mid-session.
+			c, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+			_ = brw.Flush()
+			_, _ = brw.ReadByte()
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetLinger(0)
+			}
+			_ = c.Close()
 		case "/ws-426":
 			w.Header().Set("Upgrade", "websocket")
 			w.Header().Set("Connection", "Upgrade")
@@ -223,6 +237,42 @@ func TestWebSocketRefusedByReplica(t *testing.T) {
 	res, body := get(t, tp.url+"/ws-426")
 	if res.StatusCode != http.StatusUpgradeRequired || res.Header.Get("Upgrade") != "websocket" {
 		t.Errorf("426: %d, Upgrade %q (%q)", res.StatusCode, res.Header.Get("Upgrade"), body)
+	}
+}
+
+// A session whose replica's connection breaks (a reset, not a close) is
+// logged with why, still as 101; one that ends by a close has no error.
+func TestWebSocketReplicaResetIsLogged(t *testing.T) {
+	b := startWSBackend(t)
+	tp := startProxy(t, Options{}, testDeployment{app: "ws", prefix: "/", targets: []string{b.url}})
+	c := dialProxy(t, tp)
+	_, _ = io.WriteString(c, "GET /ws-reset HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nX-Request-Id: reset-1\r\n\r\n")
+	br := bufio.NewReader(c)
+	res, err := http.ReadResponse(br, nil)
+	if err != nil || res.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("handshake: %v %v", res, err)
+	}
+	_, _ = c.Write([]byte("x"))
+	if _, err := br.ReadByte(); err == nil {
+		t.Fatal("read a byte from a session whose replica reset it")
+	}
+	waitFor(t, "the session's log line", func() bool { return strings.Contains(tp.access.String(), `"request_id":"reset-1"`) })
+	for _, line := range strings.Split(tp.access.String(), "\n") {
+		if strings.Contains(line, `"request_id":"reset-1"`) &&
+			(!strings.Contains(line, `"status":101`) || !strings.Contains(line, "the replica's connection broke")) {
+			t.Errorf("log line: %s", line)
+		}
+	}
+
+	// A close by the client is a session's end, not an error.
+	ws, _ := dialWS(t, tp, "/ws", http.Header{"X-Request-Id": {"closed-1"}})
+	echo(t, ws, "hi")
+	_ = ws.Close(websocket.StatusNormalClosure, "")
+	waitFor(t, "the closed session's log line", func() bool { return strings.Contains(tp.access.String(), `"request_id":"closed-1"`) })
+	for _, line := range strings.Split(tp.access.String(), "\n") {
+		if strings.Contains(line, `"request_id":"closed-1"`) && strings.Contains(line, `"error"`) {
+			t.Errorf("a closed session logged an error: %s", line)
+		}
 	}
 }
 

@@ -121,6 +121,20 @@ func (e *FullError) Error() string {
 // Retryable reports whether the request may go to another replica.
 func (e *FullError) Retryable() bool { return !e.BodyLost }
 
+// SessionError is a WebSocket session that ended because the replica's
+// connection broke (a reset, a machine gone), not because either side
+// closed it. The session had begun: it is recorded as 101, with this as
+// its error.
+type SessionError struct {
+	Replica string // the replica's ID
+	Err     error
+}
+
+// Error implements error.
+func (e *SessionError) Error() string {
+	return fmt.Sprintf("WebSocket session with replica %s: the replica's connection broke: %v", e.Replica, e.Err)
+}
+
 // RequestBodyError is a client's request body that could not be read while
 // it was being sent to the replica: the client left mid-upload, sent a
 // malformed chunk, or went over the proxy's body limit (it unwraps to the

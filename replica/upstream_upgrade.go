@@ -78,20 +78,69 @@ func (u *Upstream) switchProtocols(w http.ResponseWriter, r *http.Request, res *
 		return nil // the client left during the switch: nothing to answer
 	}
 
-	done := make(chan struct{}, 2)
-	go func() {
-		_, _ = io.Copy(backend, brw.Reader) // what the client sent after its handshake first
-		done <- struct{}{}
-	}()
-	go func() {
-		_, _ = io.Copy(conn, backend)
-		done <- struct{}{}
-	}()
-	<-done
+	toReplica, toClient := make(chan relayEnd, 1), make(chan relayEnd, 1)
+	go func() { toReplica <- relay(backend, brw.Reader) }() // what the client sent after its handshake first
+	go func() { toClient <- relay(conn, backend) }()
+	var end relayEnd
+	fromReplica := false
+	select {
+	case end = <-toReplica:
+	case end = <-toClient:
+		fromReplica = true
+	}
 	conn.Close()
 	backend.Close()
-	<-done
+	// The other direction now ends on the closed connections: its error
+	// says nothing.
+	if fromReplica {
+		<-toReplica
+	} else {
+		<-toClient
+	}
+	// A replica that closed, or a client that closed or left, ended the
+	// session as sessions end. A replica whose connection broke (reset, a
+	// machine gone) is worth a line in the log.
+	if err := end.replicaErr(fromReplica); err != nil && !u.sessions.isClosed() {
+		return &SessionError{Replica: u.id, Err: err}
+	}
 	return nil
+}
+
+// relayEnd is how one direction of a session ended: the read from its
+// source failed (io.EOF for a close), or the write to its destination.
+type relayEnd struct {
+	readErr, writeErr error
+}
+
+// replicaErr is the replica's connection's failure, if it ended the
+// session: a failed read of what the replica sends (fromReplica) or a
+// failed write to it.
+func (e relayEnd) replicaErr(fromReplica bool) error {
+	if fromReplica {
+		if e.readErr != nil && e.readErr != io.EOF {
+			return e.readErr
+		}
+		return nil
+	}
+	return e.writeErr
+}
+
+// relay copies src to dst until either fails.
+func relay(dst io.Writer, src io.Reader) relayEnd {
+	bp := copyBufPool.Get().(*[]byte)
+	defer copyBufPool.Put(bp)
+	buf := *bp
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return relayEnd{writeErr: werr}
+			}
+		}
+		if err != nil {
+			return relayEnd{readErr: err}
+		}
+	}
 }
 
 // sessions are a replica's open WebSocket connections, so that Close can
@@ -120,6 +169,13 @@ func (s *sessions) remove(c io.Closer) {
 	s.mu.Lock()
 	delete(s.open, c)
 	s.mu.Unlock()
+}
+
+// isClosed reports whether closeAll has run.
+func (s *sessions) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
 }
 
 // closeAll closes every open session, and refuses new ones.
