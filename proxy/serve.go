@@ -265,12 +265,17 @@ func (p *Proxy) serveWithDeadline(ctx context.Context, h replica.Handle, release
 func (p *Proxy) finish(sw *statusWriter, r *http.Request, err error, abort bool) int {
 	if err != nil {
 		status := statusOf(err)
+		switched := !sw.switchedAt.IsZero()
 		var pe *replica.PanicError
 		if errors.As(err, &pe) {
+			msg := "handler panicked; answered 500"
+			if switched {
+				msg = "handler panicked after taking its connection over"
+			}
 			p.opts.Log.Error().Str("panic", fmt.Sprint(pe.Value)).Bytes("stack", pe.Stack).
-				Str("path", r.URL.Path).Msg("handler panicked; answered 500")
+				Str("path", r.URL.Path).Msg(msg)
 		}
-		if !sw.switchedAt.IsZero() {
+		if switched {
 			// The connection was the handler's (a WebSocket): there is
 			// no status to send, and the error goes in its log line.
 			return http.StatusSwitchingProtocols

@@ -363,3 +363,35 @@ func TestInProcessHijackUnderRequestTimeout(t *testing.T) {
 		t.Fatalf("got %d %q, want the hijacker's 200", res.StatusCode, body)
 	}
 }
+
+// An in-process handler that panics after taking its connection over is
+// logged as such, its request as 101 (no 500 can be sent), and its replica
+// serves on.
+func TestPanicAfterHijack(t *testing.T) {
+	logs := &syncBuffer{}
+	tp := startProxy(t, Options{Log: zerolog.New(logs)}, testDeployment{app: "a", prefix: "/", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/hijack" {
+			_, _ = w.Write([]byte("ok"))
+			return
+		}
+		c, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			http.Error(w, err.Error(), 500)
+			return
+		}
+		_ = c.Close()
+		panic("after the hijack")
+	})})
+	c := dialProxy(t, tp)
+	_, _ = io.WriteString(c, "GET /hijack HTTP/1.1\r\nHost: x\r\nX-Request-Id: p-1\r\n\r\n")
+	if n, _ := c.Read(make([]byte, 1)); n != 0 {
+		t.Fatal("read an answer from a hijacked connection closed by its handler")
+	}
+	waitFor(t, "the log line", func() bool { return strings.Contains(tp.access.String(), `"request_id":"p-1"`) })
+	if !strings.Contains(tp.access.String(), `"status":101`) || !strings.Contains(logs.String(), "handler panicked after taking its connection over") {
+		t.Errorf("access log:\n%s\nlog:\n%s", tp.access.String(), logs.String())
+	}
+	if res, body := get(t, tp.url+"/"); res.StatusCode != 200 || body != "ok" {
+		t.Errorf("after the panic: %d %q", res.StatusCode, body)
+	}
+}
