@@ -324,7 +324,8 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 			end = res.switchedAt
 		}
 		ro.latency.Observe(float64(end.Sub(res.replicaStart)) / float64(time.Millisecond))
-		if res.status >= 500 && !res.cut {
+		if (res.status >= 500 || res.status == http.StatusSwitchingProtocols && res.err != nil) && !res.cut {
+			// (A WebSocket's error is its replica's connection breaking.)
 			ro.errors.Inc()
 		}
 	}

@@ -264,6 +264,12 @@ func TestWebSocketReplicaResetIsLogged(t *testing.T) {
 		}
 	}
 
+	rid := tp.Deployments()[0].Replicas()[0].ID()
+	counted := `serve_deployment_error_counter_total{application="ws",deployment="ws-dep",replica="` + rid + `",route="/"} 1`
+	if _, m := get(t, tp.adminURL+"/metrics"); !strings.Contains(m, counted) {
+		t.Errorf("metrics lack %s", counted)
+	}
+
 	// A close by the client is a session's end, not an error.
 	ws, _ := dialWS(t, tp, "/ws", http.Header{"X-Request-Id": {"closed-1"}})
 	echo(t, ws, "hi")
@@ -273,6 +279,9 @@ func TestWebSocketReplicaResetIsLogged(t *testing.T) {
 		if strings.Contains(line, `"request_id":"closed-1"`) && strings.Contains(line, `"error"`) {
 			t.Errorf("a closed session logged an error: %s", line)
 		}
+	}
+	if _, m := get(t, tp.adminURL+"/metrics"); !strings.Contains(m, counted) {
+		t.Errorf("after a closed session, metrics lack %s", counted)
 	}
 }
 
