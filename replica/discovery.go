@@ -272,6 +272,10 @@ func (d *Discovery) Run(ctx context.Context) {
 	defer t.Stop()
 	var last []string
 	known, retry := false, false
+	// Failures are logged when they begin, and then once a
+	// failureLogEvery with their count, not at every try.
+	var failures int
+	var failLoggedAt time.Time
 	for {
 		rctx, cancel := context.WithTimeout(ctx, d.timeout)
 		urls, err := d.Resolve(rctx)
@@ -279,10 +283,18 @@ func (d *Discovery) Run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		if err == nil && failures > 0 {
+			d.opts.Log.Info().Str("discovery", d.target).Int("failures", failures).Msg("DNS discovery answers again")
+			failures = 0
+		}
 		switch {
 		case err != nil:
-			d.opts.Log.Warn().Err(err).Str("discovery", d.target).Int("replicas_kept", len(last)).
-				Msg("DNS discovery failed; keeping the last known replicas")
+			failures++
+			if failures == 1 || time.Since(failLoggedAt) >= failureLogEvery {
+				d.opts.Log.Warn().Err(err).Str("discovery", d.target).Int("replicas_kept", len(last)).
+					Int("failures", failures).Msg("DNS discovery failed; keeping the last known replicas")
+				failLoggedAt = time.Now()
+			}
 			if d.opts.OnError != nil {
 				d.opts.OnError(err)
 			}
@@ -302,6 +314,11 @@ func (d *Discovery) Run(ctx context.Context) {
 		}
 	}
 }
+
+// failureLogEvery is how often a discovery that keeps failing says so
+// again (with the count of its failures): at a short interval, a line per
+// try would flood the log.
+const failureLogEvery = time.Minute
 
 // dnsBound is what bounds a DNS connection: its deadlines are never past
 // limit, nor past now once the dial's context is cancelled (stop ends

@@ -305,6 +305,37 @@ func TestDiscoveryKeepsLastSetOnFailure(t *testing.T) {
 	quiet(t, changes)
 }
 
+// A discovery that keeps failing says so once, then once a minute with
+// the count, not at every try; and says when it answers again.
+func TestDiscoveryFailuresLoggedOnce(t *testing.T) {
+	leakCheck(t)
+	z := startZone(t)
+	const name = "web.test."
+	z.setAddrs(name, "127.0.0.1")
+	logs := &syncBuffer{}
+	changes, errs := watchDiscoveryLog(t, "dns://web.test.:8000", z.addr, zerolog.New(logs))
+	wantSet(t, nextSet(t, changes), "http://127.0.0.1:8000")
+	z.setFail(true)
+	for range 5 { // five failed tries, at 40 ms
+		select {
+		case <-errs:
+		case <-time.After(5 * time.Second):
+			t.Fatal("no error reported")
+		}
+	}
+	z.setFail(false)
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), "answers again") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := strings.Count(logs.String(), "DNS discovery failed"); n != 1 {
+		t.Errorf("%d failure lines for one outage, want 1:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "answers again") {
+		t.Errorf("no line when it answered again:\n%s", logs.String())
+	}
+}
+
 func TestDiscoverySRV(t *testing.T) {
 	leakCheck(t)
 	z := startZone(t)
