@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // slowReconf takes its time to reconfigure, ignoring ctx.
@@ -301,6 +303,38 @@ func TestSetTargetsBackWhileDraining(t *testing.T) {
 	}
 	if rs := d.Replicas(); len(rs) != 1 || rs[0].ID() != "h:1/a" || rs[0].State() != StateRunning {
 		t.Fatalf("replicas after the drain: %v", rs)
+	}
+}
+
+// A replica still busy when its drain's time is up is stopped anyway, and
+// the log line says how many requests (WebSockets, most likely) that cut.
+func TestDrainTimeoutCountsRequestsCut(t *testing.T) {
+	logs := &syncBuffer{}
+	spec := DeploymentSpec{App: "app", Name: "dep", Targets: []string{"h:1"}, MaxOngoingRequests: 2,
+		GracefulShutdownTimeout: 50 * time.Millisecond, HealthCheckTimeout: time.Second,
+		Connect: func(_ context.Context, _, target string, onRelease func()) ([]Replica, error) {
+			return []Replica{NewLocal(target+"/a", Echo{}, 2, onRelease)}, nil
+		}}
+	d, err := NewDeployment(context.Background(), spec, Hooks{Log: zerolog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	r := d.Replicas()[0]
+	for range 2 { // two requests that never end
+		release, ok := r.TryAcquire()
+		if !ok {
+			t.Fatal("no slot")
+		}
+		t.Cleanup(release)
+	}
+	if err := d.SetTargets(nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the drain's end", func() bool { return strings.Contains(logs.String(), "stopped anyway") })
+	if !strings.Contains(logs.String(), `"requests_cut":2`) {
+		t.Errorf("log: %s", logs.String())
 	}
 }
 

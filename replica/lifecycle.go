@@ -197,7 +197,14 @@ func (d *Deployment) retireLocked(olds ...Replica) {
 			return // Stop drains and stops them with its own deadline
 		}
 		if len(busy) > 0 {
-			d.log().Warn().Strs("replicas", busy).
+			// How many requests (WebSockets, most likely) the stop cuts.
+			cut := 0
+			for _, old := range batch {
+				if slices.Contains(busy, old.ID()) {
+					cut += old.Ongoing()
+				}
+			}
+			d.log().Warn().Strs("replicas", busy).Int("requests_cut", cut).
 				Msg("replicas still busy at graceful_shutdown_timeout_s: stopped anyway")
 		}
 		d.stopReplicas(ctx, batch)
