@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"sync"
@@ -89,6 +90,16 @@ type hijackedConn struct {
 	net.Conn
 	set  *hijackedConns
 	once sync.Once
+}
+
+// CloseWrite shuts down the writing side of the connection, as
+// *net.TCPConn does, for a handler that half-closes (the wrapper would
+// hide it otherwise).
+func (c *hijackedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
 }
 
 // Close implements net.Conn.

@@ -404,3 +404,41 @@ func TestPanicAfterHijack(t *testing.T) {
 		t.Errorf("after the panic: %d %q", res.StatusCode, body)
 	}
 }
+
+// A handler's hijacked connection half-closes as a TCP connection does:
+// the client reads the end of the answer and may still write.
+func TestHijackedConnCloseWrite(t *testing.T) {
+	got := make(chan string, 1)
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			http.Error(w, err.Error(), 500)
+			return
+		}
+		defer c.Close()
+		_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nbye")
+		_ = brw.Flush()
+		cw, ok := c.(interface{ CloseWrite() error })
+		if !ok || cw.CloseWrite() != nil {
+			got <- "no CloseWrite"
+			return
+		}
+		line, _ := brw.ReadString('\n')
+		got <- line
+	})})
+	c := dialProxy(t, tp)
+	_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	all, err := io.ReadAll(c) // ends at the half-close
+	if err != nil || !strings.HasSuffix(string(all), "bye") {
+		t.Fatalf("read %q, %v", all, err)
+	}
+	_, _ = io.WriteString(c, "still here\n")
+	select {
+	case line := <-got:
+		if line != "still here\n" {
+			t.Fatalf("the handler read %q", line)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler read nothing after its half-close")
+	}
+}
