@@ -81,9 +81,8 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	id := ids[0]
 	w.Header()[requestIDHeader] = ids[:1:1] // shared with the request, never appended to
 
-	sw := getStatusWriter(w)
+	sw := getStatusWriter(w, &p.hijacks)
 	defer putStatusWriter(sw)
-	sw.hijacks = &p.hijacks
 	if body := r.Body; body != nil && body != http.NoBody {
 		// Not pooled with sw: a handler past its deadline may read it
 		// after the request.

@@ -93,9 +93,9 @@ const smallRequestBody = 64 << 10
 
 var statusWriterPool = sync.Pool{New: func() any { return new(statusWriter) }}
 
-func getStatusWriter(w http.ResponseWriter) *statusWriter {
+func getStatusWriter(w http.ResponseWriter, hijacks *hijackedConns) *statusWriter {
 	sw := statusWriterPool.Get().(*statusWriter)
-	*sw = statusWriter{w: w}
+	*sw = statusWriter{w: w, hijacks: hijacks}
 	return sw
 }
 
@@ -152,16 +152,7 @@ func (sw *statusWriter) EnableFullDuplex() error {
 // over. It is kept track of, for the graceful shutdown, and the request is
 // recorded as 101 Switching Protocols.
 func (sw *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	var (
-		c   net.Conn
-		brw *bufio.ReadWriter
-		err error
-	)
-	if sw.hijacks != nil {
-		c, brw, err = sw.hijacks.hijack(sw.w)
-	} else {
-		c, brw, err = http.NewResponseController(sw.w).Hijack()
-	}
+	c, brw, err := sw.hijacks.hijack(sw.w)
 	if err == nil {
 		sw.status, sw.wroteHeader = http.StatusSwitchingProtocols, true
 		sw.switchedAt = time.Now()
