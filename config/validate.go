@@ -168,7 +168,10 @@ func (v *validator) deployment(d *Deployment, p fieldPath) {
 		v.report(p.child("name"), "is required")
 	}
 	if d.Handler == "" {
-		v.report(p.child("handler"), "is required")
+		// A Ray Serve user's deployment has none: its code is the
+		// application's import_path.
+		v.report(p.child("handler"), "is required: a built-in (static, echo, sleep), %s, %s or %s for replicas outside the proxy, or one registered through the Go API",
+			HandlerUpstream, HandlerCommand, HandlerHost)
 	}
 	if d.NumReplicas < 1 || d.NumReplicas > MaxNumReplicas {
 		v.report(p.child("num_replicas"), "must be in [1, %d], got %d", MaxNumReplicas, d.NumReplicas)

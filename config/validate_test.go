@@ -62,6 +62,16 @@ func TestParseErrors(t *testing.T) {
 		{"unknown application field", "applications:\n  - name: a\n    prefix: /a\n    deployments: [{name: d, handler: h}]\n", "applications[0].prefix", 3, "known fields are name, route_prefix, deployments"},
 		{"unknown deployment field", withDeployment("        replicas: 2\n"), "applications[0].deployments[0].replicas", 6, "unknown field"},
 
+		// Ray Serve's own fields, each with what to do instead.
+		{"serve proxy_location", "proxy_location: EveryNode\n" + minimalYAML, "proxy_location", 1, "a Ray Serve field this proxy does not take: where Ray runs its proxies"},
+		{"serve root_path", "http_options:\n  root_path: /x\n" + minimalYAML, "http_options.root_path", 2, "put the path in each application's route_prefix"},
+		{"serve import_path", "applications:\n  - name: a\n    import_path: app:main\n    deployments: [{name: d, handler: h}]\n", "applications[0].import_path", 3, "handler: command"},
+		{"serve autoscaling_config", withDeployment("        autoscaling_config: {min_replicas: 1}\n"), "applications[0].deployments[0].autoscaling_config", 6, "autoscaling is not supported: set num_replicas"},
+		{"serve ray_actor_options", withDeployment("        ray_actor_options: {num_cpus: 1}\n"), "applications[0].deployments[0].ray_actor_options", 6, "Ray's resources"},
+		{"serve route_prefix on a deployment", withDeployment("        route_prefix: /x\n"), "applications[0].deployments[0].route_prefix", 6, "set the application's route_prefix"},
+		{"serve num_replicas auto", withDeployment("        num_replicas: auto\n"), "applications[0].deployments[0].num_replicas", 6, `got "auto": autoscaling is not supported`},
+		{"a Serve field where Serve has none", "applications:\n  - name: a\n    autoscaling_config: {}\n    deployments: [{name: d, handler: h}]\n", "applications[0].autoscaling_config", 3, "unknown field; known fields are"},
+
 		// Wrong types.
 		{"int as string", withDeployment("        num_replicas: two\n"), "applications[0].deployments[0].num_replicas", 6, `must be an integer, got string "two"`},
 		{"int as float", withDeployment("        num_replicas: 2.5\n"), "applications[0].deployments[0].num_replicas", 6, "must be an integer, got number 2.5"},
@@ -112,7 +122,7 @@ func TestParseErrors(t *testing.T) {
 
 		// Deployments.
 		{"deployment name missing", "applications:\n  - name: a\n    deployments:\n      - handler: h\n", "applications[0].deployments[0].name", 4, "is required"},
-		{"handler missing", "applications:\n  - name: a\n    deployments:\n      - name: d\n", "applications[0].deployments[0].handler", 4, "is required"},
+		{"handler missing", "applications:\n  - name: a\n    deployments:\n      - name: d\n", "applications[0].deployments[0].handler", 4, "is required: a built-in (static, echo, sleep), upstream, command or host"},
 		{"handler empty", "applications:\n  - name: a\n    deployments:\n      - name: d\n        handler: ''\n", "applications[0].deployments[0].handler", 5, "is required"},
 		// Handler kinds' own fields.
 		{"host bad address", kindDeployment("host", "        hosts: [\"127.0.0.1\"]\n"), "applications[0].deployments[0].hosts[0]", 6, "must be host:port"},
@@ -324,7 +334,7 @@ func TestValidate(t *testing.T) {
 		{"zero config", func(c *Config) { *c = Config{} }, "http_options.keep_alive_timeout_s: must be > 0 and <= 9223372036 seconds, got 0\napplications: at least one application is required"},
 		{"zero deployment", func(c *Config) { c.Applications[1].Deployments[0] = Deployment{} }, strings.Join([]string{
 			"applications[1].deployments[0].name: is required",
-			"applications[1].deployments[0].handler: is required",
+			"applications[1].deployments[0].handler: is required: a built-in (static, echo, sleep), upstream, command or host for replicas outside the proxy, or one registered through the Go API",
 			"applications[1].deployments[0].num_replicas: must be in [1, 10000], got 0",
 			"applications[1].deployments[0].max_ongoing_requests: must be >= 1, got 0",
 			"applications[1].deployments[0].max_queued_requests: must be -1 (no limit) or >= 1, got 0",

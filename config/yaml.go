@@ -269,6 +269,10 @@ func (d *decoder) mapping(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
 		fp := p.child(e.key)
 		i := fieldIndex(t, e.key)
 		if i < 0 {
+			if hint := serveFieldHint(t.Name(), e.key); hint != "" {
+				d.fail(fp, e.at, "a Ray Serve field this proxy does not take: %s", hint)
+				continue
+			}
 			d.fail(fp, e.at, "unknown field; known fields are %s", strings.Join(fieldNames(t), ", "))
 			continue
 		}
@@ -348,6 +352,11 @@ func (d *decoder) scalar(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
 		// Serve reads null as "not exposed over HTTP"; here every
 		// application is served at its prefix.
 		d.fail(p, at, "must be a string, got null: an application without HTTP (Serve's route_prefix: null) is not supported; give it a prefix, or leave the field out for /")
+		return
+	}
+	if s, ok := n.(*ast.StringNode); ok && s.Value == "auto" && len(p) == 5 && p[4].key == "num_replicas" {
+		// Serve's autoscaling with its default config.
+		d.fail(p, at, `must be an integer, got "auto": autoscaling is not supported; set a count, or change it live with PUT /-/applications/{app}/deployments/{deployment}/num_replicas on the admin listener`)
 		return
 	}
 	d.fail(p, at, "must be %s, got %s", kindNoun(dst.Kind()), describe(n))
