@@ -50,7 +50,7 @@ func newMetrics(reg prometheus.Registerer, deployments []*Deployment) (*metrics,
 		}, []string{"application", "deployment", "replica", "route"}),
 		accessDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "serve_proxy_access_log_dropped_total",
-			Help: "Access-log lines dropped because the log writer fell behind (the request path never waits for it).",
+			Help: "Access-log lines dropped because the log writer fell behind or its output did not take them (the request path never waits for it).",
 		}),
 	}
 	ongoing := prometheus.NewGaugeFunc(prometheus.GaugeOpts{

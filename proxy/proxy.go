@@ -72,6 +72,9 @@ type Options struct {
 	// AccessLog, if not nil, receives one line per request, through a
 	// non-blocking buffer (see NewAccessLogger). Close flushes it.
 	AccessLog io.Writer
+	// LogOutput, if not nil, is the writer under Log: its lost lines are
+	// counted in serve_proxy_log_dropped_total.
+	LogOutput *LogWriter
 	// LogFormat is the access log's format: "json" (if empty) or "console".
 	LogFormat string
 	// GC, if not nil, is served by GET and PUT /-/gc on the admin handler
@@ -190,6 +193,15 @@ func New(opts Options) (*Proxy, error) {
 	}
 	if opts.GC != nil {
 		if err := reg.Register(opts.GC.Collector()); err != nil {
+			return nil, err
+		}
+	}
+	if lw := opts.LogOutput; lw != nil {
+		dropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "serve_proxy_log_dropped_total",
+			Help: "Lines of the proxy's own log (not the access log) lost because its output did not take them: it stopped reading, or went away.",
+		}, func() float64 { return float64(lw.Dropped()) })
+		if err := reg.Register(dropped); err != nil {
 			return nil, err
 		}
 	}

@@ -101,7 +101,17 @@ func run(args []string, env map[string]string, stdout, stderr io.Writer) int {
 		return exitOK
 	}
 
-	log := newLogger(stderr, e)
+	// The proxy's own log never waits for stderr: a log collector that
+	// stops reading must cost lines (counted in
+	// serve_proxy_log_dropped_total), not requests or the shutdown; one
+	// that goes away leaves the writes failing (EPIPE) rather than the
+	// proxy killed by SIGPIPE.
+	pipe := make(chan os.Signal, 1)
+	signal.Notify(pipe, syscall.SIGPIPE)
+	defer signal.Stop(pipe)
+	logOut := proxy.NewLogWriter(stderr)
+	defer logOut.Close()
+	log := newLogger(logOut, e)
 	log.Info().Str("version", versionString()).Str("config", displayName(path)).
 		Str("http_addr", httpAddr(cfg)).Str("admin_addr", e.AdminAddr).
 		Bool("access_log", e.AccessLog).Stringer("request_timeout", cfg.HTTPOptions.RequestTimeout()).
@@ -120,7 +130,7 @@ func run(args []string, env map[string]string, stdout, stderr io.Writer) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	if err := serve(ctx, stop, hup, path, cfg, e, reg, gc, log, stderr); err != nil {
+	if err := serve(ctx, stop, hup, path, cfg, e, reg, gc, log, logOut, stderr); err != nil {
 		log.Error().Err(err).Msg("proxy failed")
 		return exitFailed
 	}

@@ -23,7 +23,7 @@ func httpAddr(cfg *config.Config) string {
 
 // serve runs the proxy until ctx is done; hup delivers SIGHUP, a reload.
 // path is the config file, "" for the built-in app.
-func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path string, cfg *config.Config, e config.Env, reg *replica.Registry, gc *gctune.Tuner, log zerolog.Logger, stderr io.Writer) error {
+func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path string, cfg *config.Config, e config.Env, reg *replica.Registry, gc *gctune.Tuner, log zerolog.Logger, logOut *proxy.LogWriter, stderr io.Writer) error {
 	// Once the first SIGTERM or SIGINT is in, a second kills at once,
 	// whether it comes during the start or during the graceful shutdown.
 	context.AfterFunc(ctx, stopSignals)
@@ -79,6 +79,7 @@ func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path s
 		Log:            log,
 		AccessLog:      accessLog,
 		LogFormat:      e.LogFormat,
+		LogOutput:      logOut,
 		GC:             gc,
 		AdminToken:     e.AdminToken,
 		Reload:         rl.Reload,

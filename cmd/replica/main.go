@@ -45,6 +45,7 @@ import (
 
 	"github.com/serveproxy/serveproxy/config"
 	"github.com/serveproxy/serveproxy/gctune"
+	"github.com/serveproxy/serveproxy/proxy"
 	"github.com/serveproxy/serveproxy/replica"
 )
 
@@ -133,7 +134,14 @@ func run(ctx context.Context, args []string, env map[string]string, stdout, stde
 	if *name == "" {
 		*name = *handler
 	}
-	log := newLogger(stderr, e)
+	// As the proxy's: the log never waits for stderr, and a closed stderr
+	// fails the writes (counted) rather than killing the host by SIGPIPE.
+	pipe := make(chan os.Signal, 1)
+	signal.Notify(pipe, syscall.SIGPIPE)
+	defer signal.Stop(pipe)
+	logOut := proxy.NewLogWriter(stderr)
+	defer logOut.Close()
+	log := newLogger(logOut, e)
 	tlsCfg, err := serverTLS(*tlsCert, *tlsKey, *tlsClientCA, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "replica: %v\n", err)
@@ -235,6 +243,7 @@ func isLoopback(a net.Addr) bool {
 }
 
 func newLogger(w io.Writer, e config.Env) zerolog.Logger {
+	zerolog.TimeFieldFormat = proxy.LogTimeFormat // milliseconds, as the proxy's
 	level, err := zerolog.ParseLevel(e.LogLevel)
 	if err != nil {
 		level = zerolog.InfoLevel // ReadEnv has validated it already
