@@ -121,6 +121,24 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// hasDotSegment reports whether path (decoded, so %2e%2e counts) has a
+// "." or ".." segment.
+func hasDotSegment(path string) bool {
+	for len(path) > 0 {
+		i := strings.IndexByte(path, '/')
+		seg := path
+		if i >= 0 {
+			seg, path = path[:i], path[i+1:]
+		} else {
+			path = ""
+		}
+		if seg == "." || seg == ".." {
+			return true
+		}
+	}
+	return false
+}
+
 // errCutAtShutdown is why a request cut at the graceful shutdown timeout
 // failed, for its log line: its context's "context canceled" read as its
 // client's leaving.
@@ -146,6 +164,26 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 		// No request target has a fragment (RFC 9112, 3.2): forwarded,
 		// it would become %23 and mean another path.
 		writeError(sw, http.StatusBadRequest, "Bad Request: a '#' in the request target")
+		return result{status: http.StatusBadRequest}
+	}
+	if r.RequestURI == "*" {
+		// The asterisk form is the server's, not a resource's: an
+		// OPTIONS about the proxy itself, or nothing any replica should
+		// get (h2c's "PRI *" preface among them).
+		if r.Method == http.MethodOptions {
+			sw.Header().Set("Content-Length", "0")
+			sw.WriteHeader(http.StatusOK)
+			return result{status: http.StatusOK}
+		}
+		writeError(sw, http.StatusBadRequest, "Bad Request: the request target '*' is only for OPTIONS")
+		return result{status: http.StatusBadRequest}
+	}
+	if hasDotSegment(r.URL.Path) {
+		// Matched as it is, /app/../other would be routed to /app's
+		// replicas and reach their /other: out of the prefix that routing
+		// (and any rule by prefix in front of the proxy) gave it.
+		// Clients resolve dot segments before sending (RFC 3986, 5.2.4).
+		writeError(sw, http.StatusBadRequest, "Bad Request: a '.' or '..' segment in the path")
 		return result{status: http.StatusBadRequest}
 	}
 	rt := p.table.Match(r.URL.Path)
