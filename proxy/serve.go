@@ -149,6 +149,15 @@ var errCutAtShutdown = errors.New("cut at the graceful shutdown timeout: the pro
 // at once, so the second try almost always lands.
 const maxAttempts = 3
 
+// A request that maxAttempts replicas refused as full waits
+// fullBackoffInitial before the next round of tries, twice as long after
+// each round that fails the same way, up to fullBackoffMax: as Serve's
+// router backs off from replicas that reject.
+const (
+	fullBackoffInitial = 5 * time.Millisecond
+	fullBackoffMax     = 200 * time.Millisecond
+)
+
 // route finds the request's application and replica and runs it there.
 // start is when the request arrived.
 func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result {
@@ -212,14 +221,24 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 		r = r.WithContext(ctx)
 	}
 
+	var tried [maxAttempts]replica.Handle // the replicas that refused it, this round
+	backoff := fullBackoffInitial
+	backedOff := false
 	for attempt := 1; ; attempt++ {
 		// A request served at once starts on its replica when it arrived,
 		// give or take the routing's few hundred nanoseconds: reading the
 		// clock again is a measurable cost per request on virtual
 		// machines. Only a request that waited (or is retried) gets its
 		// own replica start.
-		h, release, ok := rt.Scheduler.TryAcquire()
-		if !ok || attempt > 1 {
+		var h replica.Handle
+		var release func()
+		var ok bool
+		if attempt == 1 {
+			h, release, ok = rt.Scheduler.TryAcquire()
+		} else {
+			h, release, ok = rt.Scheduler.TryAcquireExcept(tried[:attempt-1])
+		}
+		if !ok || attempt > 1 || backedOff {
 			if !ok {
 				var err error
 				if h, release, err = rt.Scheduler.Acquire(ctx); err != nil {
@@ -252,9 +271,32 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 		}
 		// Another replica may take the request only if none accepted it
 		// (issue 5): refused, unreachable before a byte was sent, or full.
-		if attempt == maxAttempts || sw.wroteHeader || !replica.Retryable(res.err) {
+		if sw.wroteHeader || !replica.Retryable(res.err) {
 			break
 		}
+		tried[attempt-1] = h
+		if attempt < maxAttempts {
+			continue
+		}
+		var full *replica.FullError
+		if !errors.As(res.err, &full) {
+			break
+		}
+		// Each replica tried was full at its own count, as when other
+		// proxies share them: the request waits as a queued one does
+		// (Serve's router backs off and tries again), rather than fail
+		// while its deployment has room for it to wait.
+		if err := rt.Scheduler.Backoff(ctx, backoff); err != nil {
+			res.replica = nil // no replica's error: it ended waiting
+			res.err = err
+			res.status = statusOf(err)
+			writeError(sw, res.status, errorMessage(res.status, err))
+			return res
+		}
+		backoff = min(2*backoff, fullBackoffMax)
+		backedOff = true
+		attempt = 0
+		tried = [maxAttempts]replica.Handle{}
 	}
 	// (A handler that took the connection over has nothing left to abort.)
 	res.abort = res.err != nil && sw.switchedAt.IsZero() && (sw.wroteHeader || errors.Is(res.err, http.ErrAbortHandler))

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/serveproxy/serveproxy/replica"
 )
@@ -49,6 +51,9 @@ type Scheduler struct {
 	mu         sync.Mutex
 	head, tail *waiter
 	live       int
+	// backingOff counts the requests waiting out a Backoff: queued too,
+	// though not in the list (no freed slot of ours is theirs to take).
+	backingOff int
 }
 
 // waiter is a request parked until a slot is handed to it.
@@ -123,6 +128,62 @@ func (s *Scheduler) TryAcquire() (h replica.Handle, release func(), ok bool) {
 	return s.tryPick()
 }
 
+// TryAcquireExcept is TryAcquire for a request that replicas in tried
+// refused: a free slot on another replica, the one with fewest requests in
+// flight, if there is one. It does not wait behind queued requests (the
+// request was let in already) and never blocks.
+func (s *Scheduler) TryAcquireExcept(tried []replica.Handle) (replica.Handle, func(), bool) {
+	for {
+		var best replica.Handle
+		for _, h := range *s.replicas.Load() {
+			if slices.Contains(tried, h) || !hasFree(h) {
+				continue
+			}
+			if best == nil || h.Ongoing() < best.Ongoing() {
+				best = h
+			}
+		}
+		if best == nil {
+			return nil, nil, false
+		}
+		if release, ok := best.TryAcquire(); ok {
+			return best, release, true
+		}
+		tried = append(tried[:len(tried):len(tried)], best) // taken meanwhile: the next
+	}
+}
+
+// Backoff makes a request wait d before it tries the replicas again, after
+// each it tried refused it as full: their slots were taken by requests
+// this scheduler does not see (another proxy's, in front of the same
+// replica hosts). It waits as a queued request does, counted in Queued and
+// against MaxQueued (a *BackPressureError once that many wait), and ends
+// early with ctx's error.
+func (s *Scheduler) Backoff(ctx context.Context, d time.Duration) error {
+	s.mu.Lock()
+	if n := s.live + s.backingOff; s.maxQueued >= 0 && n >= s.maxQueued {
+		s.mu.Unlock()
+		return &BackPressureError{Queued: n, Limit: s.maxQueued}
+	}
+	s.backingOff++
+	s.queued.Store(int64(s.live + s.backingOff))
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.backingOff--
+		s.queued.Store(int64(s.live + s.backingOff))
+		s.mu.Unlock()
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // tryPick asks the picker a few times: a slot it saw free may be taken by
 // another request before our compare-and-swap.
 func (s *Scheduler) tryPick() (replica.Handle, func(), bool) {
@@ -169,9 +230,9 @@ func (s *Scheduler) acquireSlow(ctx context.Context) (replica.Handle, func(), er
 		s.mu.Unlock()
 		return nil, nil, ErrNoReplicas
 	}
-	if s.maxQueued >= 0 && s.live >= s.maxQueued {
+	if n := s.live + s.backingOff; s.maxQueued >= 0 && n >= s.maxQueued {
 		s.pending.Add(-1)
-		err := &BackPressureError{Queued: s.live, Limit: s.maxQueued}
+		err := &BackPressureError{Queued: n, Limit: s.maxQueued}
 		s.mu.Unlock()
 		return nil, nil, err
 	}
@@ -213,7 +274,7 @@ func (s *Scheduler) pushLocked(w *waiter) {
 	}
 	s.tail = w
 	s.live++
-	s.queued.Store(int64(s.live))
+	s.queued.Store(int64(s.live + s.backingOff))
 }
 
 // removeLocked takes w out of the queue and drops its pending count.
@@ -231,7 +292,7 @@ func (s *Scheduler) removeLocked(w *waiter) {
 	w.prev, w.next, w.queued = nil, nil, false
 	s.live--
 	s.pending.Add(-1)
-	s.queued.Store(int64(s.live))
+	s.queued.Store(int64(s.live + s.backingOff))
 }
 
 // popLocked removes and returns the oldest waiter, or nil.

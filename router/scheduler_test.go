@@ -311,3 +311,44 @@ func TestSchedulerTryAcquire(t *testing.T) {
 	}
 	release()
 }
+
+func TestSchedulerTryAcquireExcept(t *testing.T) {
+	s := NewScheduler(nil, -1)
+	ls := newLocals(s, 3, 1)
+	tried := []replica.Handle{ls[0], ls[1]}
+	for range 20 {
+		h, rel, ok := s.TryAcquireExcept(tried)
+		if !ok || h != ls[2] {
+			t.Fatalf("TryAcquireExcept(a, b) = %v, %v; want c", h, ok)
+		}
+		rel()
+	}
+	_, relC, _ := s.TryAcquireExcept(tried) // c is full now
+	if h, _, ok := s.TryAcquireExcept(tried); ok {
+		t.Fatalf("TryAcquireExcept with every other replica full = %v, want none", h.ID())
+	}
+	relC()
+}
+
+// A request backing off after refusals counts as queued, against the
+// limit, until its wait ends or its context does.
+func TestSchedulerBackoffCountsAsQueued(t *testing.T) {
+	s := NewScheduler(nil, 1)
+	newLocals(s, 1, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Backoff(ctx, time.Hour) }()
+	waitQueued(t, s, 1)
+	var bp *BackPressureError
+	if err := s.Backoff(context.Background(), time.Millisecond); !errors.As(err, &bp) || bp.Queued != 1 {
+		t.Fatalf("a second Backoff with one waiting and a limit of 1: %v, want BackPressureError", err)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Backoff after its context ended: %v", err)
+	}
+	waitQueued(t, s, 0)
+	if err := s.Backoff(context.Background(), time.Millisecond); err != nil {
+		t.Fatalf("Backoff with room: %v", err)
+	}
+}
