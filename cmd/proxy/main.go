@@ -85,6 +85,16 @@ func run(args []string, env map[string]string, stdout, stderr io.Writer) int {
 	if path == "" {
 		path = e.ConfigPath
 	}
+	if path != "" {
+		if _, err := os.Stat(path); err != nil {
+			from := "-config"
+			if *configPath == "" {
+				from = "PROXY_CONFIG"
+			}
+			fmt.Fprintf(stderr, "proxy: config file (%s): %v\n", from, err)
+			return exitInvalid
+		}
+	}
 	reg := replica.NewRegistry()
 	cfg, problems := loadConfig(path, e, reg)
 	if len(problems) > 0 {

@@ -31,7 +31,15 @@ func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path s
 	// process starts, and during the start they answer 503.
 	public, err := net.Listen("tcp", httpAddr(cfg))
 	if err != nil {
-		return fmt.Errorf("http listener: %w", err)
+		from := "PROXY_HTTP_ADDR"
+		switch {
+		case e.HTTPAddr != "":
+		case path != "":
+			from = "http_options.host and port in " + path
+		default:
+			from = "the default; set PROXY_HTTP_ADDR"
+		}
+		return fmt.Errorf("http listener (%s): %w", from, err)
 	}
 	admin, err := net.Listen("tcp", e.AdminAddr)
 	if err != nil {
