@@ -92,6 +92,10 @@ type Deployment struct {
 	retired  []Replica       // taken out of routing, finishing their requests
 	issued   map[string]bool // the ids newID gave that a replica may still have: never two at once
 	failures map[Replica]int // consecutive failed health checks
+	// failLogged is, for a replica failing its health checks past
+	// unhealthyAfter, when its last failure was logged and its
+	// consecutive failures then (see logHealthFailureLocked).
+	failLogged map[Replica]failLog
 	// excluded are replicas kept out of routing until a health check
 	// passes: unreachable, or (with Connect) unhealthy.
 	excluded map[Replica]bool
@@ -155,6 +159,7 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 		spec:          spec,
 		hooks:         hooks,
 		failures:      make(map[Replica]int),
+		failLogged:    make(map[Replica]failLog),
 		excluded:      make(map[Replica]bool),
 		unreachableAt: make(map[Replica]time.Time),
 		targets:       make(map[Replica]string),

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // healthLoop checks every replica each health_check_period_s until ctx is
@@ -99,10 +101,11 @@ func (d *Deployment) recordHealth(r Replica, err error, started time.Time) {
 			}
 			delete(d.unreachableAt, r)
 		}
-		if d.failures[r] > 0 {
-			log.Info().Msg("replica passed its health check again")
+		if n := d.failures[r]; n > 0 {
+			log.Info().Int("consecutive_failures", n).Msg("replica passed its health check again")
 		}
 		d.failures[r] = 0
+		delete(d.failLogged, r)
 		if d.excluded[r] && !d.unsync[r] { // one waiting for its config stays out
 			delete(d.excluded, r)
 			d.publishLocked()
@@ -115,7 +118,7 @@ func (d *Deployment) recordHealth(r Replica, err error, started time.Time) {
 	}
 	d.failures[r]++
 	n := d.failures[r]
-	log.Warn().Err(err).Int("consecutive_failures", n).Msg("replica failed its health check")
+	d.logHealthFailureLocked(r, log, err, n)
 	if n < unhealthyAfter {
 		return
 	}
@@ -129,4 +132,32 @@ func (d *Deployment) recordHealth(r Replica, err error, started time.Time) {
 	}
 	log.Error().Int("consecutive_failures", n).Msg("replica unhealthy: taken out of routing, to be replaced")
 	d.retireLocked(r)
+}
+
+// failLog is when a replica's last health check failure was logged, and
+// its consecutive failures then.
+type failLog struct {
+	at       time.Time
+	failures int
+}
+
+// logHealthFailureLocked logs the n-th failure in a row of r's health
+// check. The first unhealthyAfter are logged each (the last of them takes
+// the replica out of routing); after that, only once a failureLogEvery,
+// with the count since the last line, as DNS discovery does: a replica
+// kept out rather than replaced (upstream, host) would otherwise log a
+// line every health_check_period_s for as long as it is down. d.mu must
+// be held.
+func (d *Deployment) logHealthFailureLocked(r Replica, log zerolog.Logger, err error, n int) {
+	now := time.Now()
+	last, ok := d.failLogged[r]
+	if n > unhealthyAfter && ok && now.Sub(last.at) < failureLogEvery {
+		return
+	}
+	ev := log.Warn().Err(err).Int("consecutive_failures", n)
+	if n > unhealthyAfter {
+		ev = ev.Int("failures_since_last_log", n-last.failures)
+	}
+	ev.Msg("replica failed its health check")
+	d.failLogged[r] = failLog{at: now, failures: n}
 }

@@ -164,6 +164,7 @@ func (d *Deployment) retireLocked(olds ...Replica) {
 		d.replicas = slices.Delete(d.replicas, i, i+1)
 		old.SetState(StateDraining) // refused at once, even from a stale snapshot
 		delete(d.failures, old)
+		delete(d.failLogged, old)
 		delete(d.excluded, old)
 		delete(d.unreachableAt, old)
 		delete(d.unsync, old)

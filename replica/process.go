@@ -151,8 +151,8 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 		// it would hold the port and serve no one.
 		_ = signalGroup(cmd.Process.Pid, syscall.SIGKILL)
 		// And what left the group, found by the REPLICA_ID and PORT it
-		// inherited.
-		if pids := killEscaped(id, port); len(pids) > 0 {
+		// inherited (the group's leader is the process: see processAttr).
+		if pids := killEscaped(id, port, cmd.Process.Pid); len(pids) > 0 {
 			log.Warn().Ints("killed", pids).Msg("replica process left processes outside its process group (it daemonized, with setsid or a double fork?): killed them; run the server in the foreground")
 		}
 		// The output's last lines, unless a descendant keeps the pipes

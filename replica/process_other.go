@@ -17,4 +17,4 @@ func signalGroup(int, syscall.Signal) error { return errors.ErrUnsupported }
 
 // killEscaped finds nothing: process environments are read from Linux's
 // /proc.
-func killEscaped(string, int) []int { return nil }
+func killEscaped(string, int, int) []int { return nil }

@@ -96,6 +96,12 @@ func run(ctx context.Context, args []string, env map[string]string, stdout, stde
 		fmt.Fprintf(stderr, "replica: unexpected arguments: %v\n", fs.Args())
 		return exitInvalid
 	}
+	// As the proxy's graceful_shutdown_timeout_s: a negative grace would
+	// cut every request in flight at SIGTERM, and exit 1 for it.
+	if *grace < 0 {
+		fmt.Fprintf(stderr, "replica: -grace: must be >= 0, got %v\n", *grace)
+		return exitInvalid
+	}
 	if *configPath != "" || *deployment != "" {
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

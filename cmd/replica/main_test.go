@@ -127,25 +127,31 @@ func TestRunBadInput(t *testing.T) {
 		name string
 		args []string
 		want string
+		code int
 	}{
-		{"unknown handler", []string{"-handler", "nope"}, `unknown handler "nope"`},
-		{"bad user_config", []string{"-user-config", "{"}, "not valid JSON"},
-		{"user_config the handler refuses", []string{"-user-config", `{"bogus": 1}`}, "bogus"},
-		{"no replicas", []string{"-replicas", "0"}, "replicas must be 1 to 65535"},
-		{"bad flag", []string{"-nope"}, "flag provided but not defined"},
-		{"bad address", []string{"-listen", "256.0.0.1:1"}, "listen"},
-		{"port in use", []string{"-listen", taken.Addr().String()}, "-listen " + taken.Addr().String() + ": listen tcp " + taken.Addr().String() + ": bind: address already in use"},
-		{"tls cert without key", []string{"-tls-cert", tlsDir + "host.pem"}, "-tls-cert: needs -tls-key"},
-		{"tls key without cert", []string{"-tls-key", tlsDir + "host-key.pem"}, "-tls-key: needs -tls-cert"},
-		{"client CA alone", []string{"-tls-client-ca", tlsDir + "ca.pem"}, "-tls-client-ca: needs -tls-cert and -tls-key"},
-		{"tls files that do not match", []string{"-tls-cert", tlsDir + "host.pem", "-tls-key", tlsDir + "proxy-key.pem"}, "private key does not match public key"},
-		{"a client CA file of no certificate", []string{"-tls-cert", tlsDir + "host.pem", "-tls-key", tlsDir + "host-key.pem", "-tls-client-ca", tlsDir + "host-key.pem"}, "no PEM certificate"},
+		{"unknown handler", []string{"-handler", "nope"}, `unknown handler "nope"`, exitInvalid},
+		{"bad user_config", []string{"-user-config", "{"}, "not valid JSON", exitInvalid},
+		{"user_config the handler refuses", []string{"-user-config", `{"bogus": 1}`}, "bogus", exitInvalid},
+		{"no replicas", []string{"-replicas", "0"}, "replicas must be 1 to 65535", exitInvalid},
+		{"negative grace", []string{"-grace", "-1s", "-listen", "127.0.0.1:0"}, "-grace: must be >= 0", exitInvalid},
+		{"bad flag", []string{"-nope"}, "flag provided but not defined", exitInvalid},
+		{"bad address", []string{"-listen", "256.0.0.1:1"}, "listen", exitFailed},
+		{"port in use", []string{"-listen", taken.Addr().String()}, "-listen " + taken.Addr().String() + ": listen tcp " + taken.Addr().String() + ": bind: address already in use", exitFailed},
+		{"tls cert without key", []string{"-tls-cert", tlsDir + "host.pem"}, "-tls-cert: needs -tls-key", exitInvalid},
+		{"tls key without cert", []string{"-tls-key", tlsDir + "host-key.pem"}, "-tls-key: needs -tls-cert", exitInvalid},
+		{"client CA alone", []string{"-tls-client-ca", tlsDir + "ca.pem"}, "-tls-client-ca: needs -tls-cert and -tls-key", exitInvalid},
+		{"tls files that do not match", []string{"-tls-cert", tlsDir + "host.pem", "-tls-key", tlsDir + "proxy-key.pem"}, "private key does not match public key", exitInvalid},
+		{"a client CA file of no certificate", []string{"-tls-cert", tlsDir + "host.pem", "-tls-key", tlsDir + "host-key.pem", "-tls-client-ca", tlsDir + "host-key.pem"}, "no PEM certificate", exitInvalid},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			// Bounded, so that input taken for good fails (exitOK) rather
+			// than serving until the test's timeout.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
 			var stdout, stderr strings.Builder
-			got := run(context.Background(), tt.args, map[string]string{"PROXY_GC_TUNING": "false"}, &stdout, &stderr)
-			if got == exitOK || !strings.Contains(stderr.String(), tt.want) {
-				t.Fatalf("exit %d, stderr %q; want a failure saying %q", got, stderr.String(), tt.want)
+			got := run(ctx, tt.args, map[string]string{"PROXY_GC_TUNING": "false"}, &stdout, &stderr)
+			if got != tt.code || !strings.Contains(stderr.String(), tt.want) {
+				t.Fatalf("exit %d, stderr %q; want %d, saying %q", got, stderr.String(), tt.code, tt.want)
 			}
 		})
 	}

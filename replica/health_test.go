@@ -1,0 +1,79 @@
+package replica
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// An upstream that stays down is kept out of routing, not replaced, so its
+// health checks fail for as long as it is down: past the failures that
+// take it out, they are logged once a failureLogEvery, not each period
+// (found by exploratory test: 138k lines a day for one dead host). The
+// line that it passed again still comes when it does.
+func TestHealthFailuresLogBounded(t *testing.T) {
+	leakCheck(t)
+	var status atomic.Int32
+	status.Store(http.StatusServiceUnavailable)
+	var checks atomic.Int32
+	backend := newBackend(t, func(w http.ResponseWriter, r *http.Request) {
+		checks.Add(1)
+		w.WriteHeader(int(status.Load()))
+	})
+	logs := &syncBuffer{}
+	spec := DeploymentSpec{App: "app", Name: "dep", Targets: []string{backend.URL}, MaxOngoingRequests: 1,
+		HealthCheckPeriod: 10 * time.Millisecond, HealthCheckTimeout: time.Second, GracefulShutdownTimeout: time.Second,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			r, err := NewUpstreamReplica(id, target, UpstreamOptions{MaxOngoing: 1, OnRelease: onRelease})
+			return []Replica{r}, err
+		}}
+	d, err := NewDeployment(context.Background(), spec, Hooks{Log: zerolog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+
+	eventually(t, "100 failed health checks", func() bool { return checks.Load() >= 100 })
+	failed := func() int { return strings.Count(logs.String(), "replica failed its health check") }
+	if n := failed(); n != unhealthyAfter {
+		t.Errorf("%d failure lines for %d failed checks within a minute, want %d (those that took it out)",
+			n, checks.Load(), unhealthyAfter)
+	}
+	if !strings.Contains(logs.String(), "replica unhealthy: out of routing") || d.Running() != 0 {
+		t.Errorf("not out of routing (%d running): %s", d.Running(), logs.String())
+	}
+	// A minute on (the last line's time moved back), the next failure is
+	// logged, with the count since the last line.
+	d.mu.Lock()
+	for r, l := range d.failLogged {
+		l.at = l.at.Add(-failureLogEvery)
+		d.failLogged[r] = l
+	}
+	d.mu.Unlock()
+	eventually(t, "the failure line a minute on", func() bool { return failed() == unhealthyAfter+1 })
+	var since struct {
+		N int `json:"failures_since_last_log"`
+	}
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, "failures_since_last_log") {
+			if err := json.Unmarshal([]byte(line), &since); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if since.N < 2 {
+		t.Errorf("failures_since_last_log %d a minute on, want the count of the failures unlogged: %s", since.N, logs.String())
+	}
+	status.Store(http.StatusOK)
+	eventually(t, "the line that it passed again", func() bool {
+		return strings.Contains(logs.String(), "replica passed its health check again")
+	})
+	eventually(t, "the replica back in routing", func() bool { return d.Running() == 1 })
+}
