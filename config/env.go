@@ -366,3 +366,83 @@ func isToken(s string) bool {
 	}
 	return s != ""
 }
+
+// UnknownEnv returns a warning for each PROXY_ variable in environ that
+// the proxy does not read, in name order, with the name it may have meant:
+// a typo (PROXY_ADMIN_TOKN) must not pass as a setting in force. The
+// variables Kubernetes sets for a Service named "proxy" (PROXY_SERVICE_HOST,
+// PROXY_PORT_8000_TCP, ...) are not warned of.
+func UnknownEnv(environ map[string]string) []string {
+	params, err := env.GetFieldParamsWithOptions(&Env{}, env.Options{Prefix: envPrefix})
+	if err != nil {
+		return nil // Env's own tags: cannot fail
+	}
+	known := make([]string, 0, len(params))
+	for _, p := range params {
+		known = append(known, p.Key)
+	}
+	var warnings []string
+	for name := range environ {
+		if !strings.HasPrefix(name, envPrefix) || slices.Contains(known, name) || serviceLink(name) {
+			continue
+		}
+		w := name + ": not a variable the proxy reads; ignored"
+		if near := nearest(name, known); near != "" {
+			w += " (" + near + "?)"
+		}
+		warnings = append(warnings, w)
+	}
+	slices.Sort(warnings)
+	return warnings
+}
+
+// serviceLink reports whether name is one of the variables Kubernetes
+// gives every pod for a Service named "proxy".
+func serviceLink(name string) bool {
+	rest, ok := strings.CutPrefix(name, envPrefix)
+	if !ok {
+		return false
+	}
+	switch {
+	case rest == "PORT", rest == "SERVICE_HOST", strings.HasPrefix(rest, "SERVICE_PORT"):
+		return true
+	case strings.HasPrefix(rest, "PORT_"): // PORT_8000_TCP, PORT_8000_TCP_ADDR, ...
+		port, _, _ := strings.Cut(rest[len("PORT_"):], "_")
+		_, err := strconv.Atoi(port)
+		return err == nil
+	}
+	return false
+}
+
+// nearest returns the name in names closest to s by edit distance, if it
+// is within 2 edits.
+func nearest(s string, names []string) string {
+	best, bestD := "", 3
+	for _, n := range names {
+		if d := editDistance(s, n); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

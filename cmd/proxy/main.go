@@ -75,6 +75,12 @@ func run(args []string, env map[string]string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "proxy: environment: %v\n", err)
 		return exitInvalid
 	}
+	unknownEnv := config.UnknownEnv(env)
+	if *check {
+		for _, w := range unknownEnv {
+			fmt.Fprintln(stderr, "warning:", w)
+		}
+	}
 	// GC settings first, before the proxy allocates anything to speak of.
 	gc, err := gctune.Apply(e, env)
 	if err != nil {
@@ -128,6 +134,9 @@ func run(args []string, env map[string]string, stdout, stderr io.Writer) int {
 		Stringer("keep_alive_timeout", cfg.HTTPOptions.KeepAliveTimeout()).
 		Int64("max_header_bytes", int64(e.MaxHeaderBytes)).Int64("max_body_bytes", int64(e.MaxBodyBytes)).
 		Msg("starting")
+	for _, w := range unknownEnv {
+		log.Warn().Msg(w)
+	}
 	st := gc.State()
 	log.Info().Bool("tuning", st.Tuning).Int("percent", st.Percent).Str("percent_source", st.PercentSource).
 		Str("memory_limit", st.MemoryLimit).Str("memory_limit_source", st.MemoryLimitSource).Str("note", st.Note).

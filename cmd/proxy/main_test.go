@@ -523,6 +523,22 @@ func TestBadEnv(t *testing.T) {
 	}
 }
 
+// A PROXY_ variable the proxy does not read is warned of, by -check and
+// at the start, with the name it may have meant: a typo in
+// PROXY_ADMIN_TOKEN had left the admin API open without a word.
+func TestUnknownEnvWarned(t *testing.T) {
+	vars := map[string]string{"PROXY_ADMIN_TOKN": "secret"}
+	res := runProxy(t, vars, "-check")
+	want := "PROXY_ADMIN_TOKN: not a variable the proxy reads; ignored (PROXY_ADMIN_TOKEN?)"
+	if res.code != 0 || !strings.Contains(res.stderr, "warning: "+want) {
+		t.Fatalf("-check: exit %d, stderr %q; want 0 and the warning", res.code, res.stderr)
+	}
+	p := startProxy(t, vars)
+	if !p.waitLogged(want, 5*time.Second) {
+		t.Fatal("no warning logged at the start")
+	}
+}
+
 func TestDefaultApp(t *testing.T) {
 	p := startProxy(t, nil)
 	c := newClient(t, 2)

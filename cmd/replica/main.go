@@ -148,6 +148,9 @@ func run(ctx context.Context, args []string, env map[string]string, stdout, stde
 	logOut := proxy.NewLogWriter(stderr)
 	defer logOut.Close()
 	log := newLogger(logOut, e)
+	for _, w := range config.UnknownEnv(env) {
+		log.Warn().Msg(w)
+	}
 	tlsCfg, err := serverTLS(*tlsCert, *tlsKey, *tlsClientCA, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "replica: %v\n", err)
