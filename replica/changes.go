@@ -173,7 +173,6 @@ func (d *Deployment) SetTargets(targets []string) error {
 	for _, t := range targets {
 		want[t] = true
 	}
-	log := d.log()
 	d.mu.Lock()
 	d.want = want
 	have := make(map[string]bool, len(d.replicas))
@@ -185,15 +184,6 @@ func (d *Deployment) SetTargets(targets []string) error {
 			gone = append(gone, r)
 		}
 	}
-	// Those gone leave routing before anything is connected, which may
-	// take seconds.
-	for _, r := range gone {
-		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica's target gone from the list: draining")
-	}
-	d.retireLocked(gone...)
-	d.spec.NumReplicas = len(d.replicas)
-	d.mu.Unlock()
-
 	var fresh []string
 	for _, t := range targets {
 		if !have[t] {
@@ -201,8 +191,29 @@ func (d *Deployment) SetTargets(targets []string) error {
 			fresh = append(fresh, t)
 		}
 	}
+	// Those gone leave routing before anything is connected, which may
+	// take seconds: unless none routable would be left meanwhile (a list
+	// or a DNS answer replaced whole, as when a Kubernetes pod is
+	// replaced between two refreshes), which would fail every request
+	// until the new ones are in. Then they leave once the new ones are
+	// connected: make before break.
+	left := 0
+	for _, r := range d.replicas {
+		if want[d.targets[r]] && !d.excluded[r] {
+			left++
+		}
+	}
+	afterConnect := left == 0 && len(fresh) > 0 && len(gone) > 0
+	if !afterConnect {
+		d.retireGoneLocked(gone, "")
+	}
+	d.mu.Unlock()
+
 	errs := d.connectTargets(fresh)
 	d.mu.Lock()
+	if afterConnect {
+		d.retireGoneLocked(gone, " (kept until the new targets were connected)")
+	}
 	d.unconnected = nil
 	for i, err := range errs {
 		if err != nil {
@@ -211,6 +222,19 @@ func (d *Deployment) SetTargets(targets []string) error {
 	}
 	d.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// retireGoneLocked takes out of routing the replicas of targets no longer
+// wanted, to drain; note ends their log line. d.mu must be held.
+func (d *Deployment) retireGoneLocked(gone []Replica, note string) {
+	log := d.log()
+	for _, r := range gone {
+		if slices.Contains(d.replicas, r) {
+			log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica's target gone from the list: draining" + note)
+		}
+	}
+	d.retireLocked(gone...)
+	d.spec.NumReplicas = len(d.replicas)
 }
 
 // connectTargets connects fresh, targets the deployment has no replicas
