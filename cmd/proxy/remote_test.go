@@ -1408,3 +1408,73 @@ func TestCrashLoopBacksOff(t *testing.T) {
 		t.Errorf("%d restarts in 4 s: no backoff", exits-1)
 	}
 }
+
+// TestStalledHostBoundsStatus stops (SIGSTOP) the replica host of three
+// deployments, beside a fourth on a host that still answers: a /metrics
+// scrape must stay within Prometheus's default scrape_timeout of 10 s (it
+// took 5 s a deployment, one after another), GET /-/applications within
+// the same bound (it took the 30 s controlTimeout), and the answering
+// host's counts must be in both (a shared deadline that the stalled
+// deployments used up must not leave the others without theirs).
+func TestStalledHostBoundsStatus(t *testing.T) {
+	args := []string{"-handler", "static", "-replicas", "2", "-max-ongoing", "10", "-user-config", `{"body":"hi"}`}
+	stalled, live := startReplicaHost(t, args...), startReplicaHost(t, args...)
+	p := startProxy(t, nil, "-config", writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - {name: a, handler: host, hosts: ["`+stalled.addr+`"], health_check_period_s: 60}
+      - {name: b, handler: host, hosts: ["`+stalled.addr+`"], health_check_period_s: 60}
+      - {name: c, handler: host, hosts: ["`+stalled.addr+`"], health_check_period_s: 60}
+      - {name: d, handler: host, hosts: ["`+live.addr+`"], health_check_period_s: 60}
+`))
+	// Killed before the proxy's stop (cleanups run last first), so that
+	// the stop does not wait on a host that cannot answer.
+	t.Cleanup(func() { _ = stalled.cmd.Process.Kill() })
+	c := newClient(t, 4)
+	c.Timeout = time.Minute // long enough to measure the old 30 s
+	if err := stalled.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	const bound = 10 * time.Second // Prometheus's default scrape_timeout
+
+	start := time.Now()
+	m := get(t, c, "http://"+p.AdminAddr+"/metrics")
+	took := time.Since(start)
+	t.Logf("/metrics with a stopped host under 3 of 4 deployments: %v", took.Round(time.Millisecond))
+	if m.status != 200 || took > bound {
+		t.Errorf("/metrics: %d in %v, want 200 within %v", m.status, took, bound)
+	}
+	if !strings.Contains(m.body, `serve_replica_processing_queries{application="hi",deployment="d",`) {
+		t.Error("/metrics lacks the counts of the deployment whose host answers")
+	}
+
+	start = time.Now()
+	r := get(t, c, "http://"+p.AdminAddr+"/-/applications")
+	took = time.Since(start)
+	t.Logf("/-/applications with a stopped host under 3 of 4 deployments: %v", took.Round(time.Millisecond))
+	if r.status != 200 || took > bound {
+		t.Errorf("/-/applications: %d in %v, want 200 within %v", r.status, took, bound)
+	}
+	var a struct {
+		Applications []struct {
+			Deployments []struct {
+				Name     string `json:"name"`
+				Replicas []struct {
+					ID    string `json:"id"`
+					Error string `json:"error"`
+				} `json:"replicas"`
+			} `json:"deployments"`
+		} `json:"applications"`
+	}
+	if err := json.Unmarshal([]byte(r.body), &a); err != nil || len(a.Applications) != 1 || len(a.Applications[0].Deployments) != 4 {
+		t.Fatalf("GET /-/applications: %v %s", err, r.body)
+	}
+	for _, d := range a.Applications[0].Deployments {
+		for _, rep := range d.Replicas {
+			if stalledDep := d.Name != "d"; stalledDep == (rep.Error == "") {
+				t.Errorf("deployment %s, replica %s: stats error %q (want one only under the stopped host)", d.Name, rep.ID, rep.Error)
+			}
+		}
+	}
+}
