@@ -359,6 +359,13 @@ var (
 	healthyDesc = prometheus.NewDesc("serve_deployment_replica_healthy",
 		"Whether the replica is healthy (1) or not (0).",
 		[]string{"application", "deployment", "replica"}, nil)
+	// healthyReplicasDesc is what an alert on a deployment left without
+	// replicas reads: serve_deployment_replica_healthy has no series then
+	// (every start crashed, or its upstreams left DNS), and a sum over
+	// no series is no value, not 0, so such an alert never fired.
+	healthyReplicasDesc = prometheus.NewDesc("serve_deployment_healthy_replicas",
+		"The number of the deployment's replicas that are healthy now (running, passed their last health check, in routing): the sum of its serve_deployment_replica_healthy, but 0, not absent, when it has no replica at all.",
+		[]string{"application", "deployment"}, nil)
 )
 
 // Describe implements prometheus.Collector.
@@ -367,6 +374,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- processingDesc
 	ch <- peakDesc
 	ch <- healthyDesc
+	ch <- healthyReplicasDesc
 }
 
 // Collect implements prometheus.Collector. The replicas' counts come from
@@ -386,10 +394,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			rm.pruneReplicas(func(id string) bool { return ids[id] }, now)
 		}
+		n := 0
 		for _, s := range stats {
 			healthy := 0.0
 			if s.Healthy {
 				healthy = 1
+				n++
 			}
 			ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, healthy, app, name, s.ID)
 			if s.Error != "" {
@@ -398,5 +408,6 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(processingDesc, prometheus.GaugeValue, float64(s.Ongoing), app, name, s.ID)
 			ch <- prometheus.MustNewConstMetric(peakDesc, prometheus.GaugeValue, float64(s.Peak), app, name, s.ID)
 		}
+		ch <- prometheus.MustNewConstMetric(healthyReplicasDesc, prometheus.GaugeValue, float64(n), app, name)
 	}
 }

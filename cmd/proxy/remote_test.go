@@ -352,6 +352,19 @@ func TestCommandCrashAtStart(t *testing.T) {
 	if dep.Status != "UNHEALTHY" {
 		t.Errorf("broken deployment status %q, want UNHEALTHY", dep.Status)
 	}
+	// An alert on the healthy count fires for a deployment without any
+	// replica: its gauge is there, at 0.
+	wantMetric(t, c, p, `serve_deployment_healthy_replicas{application="broken",deployment="broken"} 0`)
+	wantMetric(t, c, p, `serve_deployment_healthy_replicas{application="ok",deployment="ok"} 1`)
+}
+
+// wantMetric checks that p's /metrics has the line sample.
+func wantMetric(t *testing.T, c *http.Client, p *proc, sample string) {
+	t.Helper()
+	m := get(t, c, "http://"+p.AdminAddr+"/metrics")
+	if m.status != 200 || !slices.Contains(strings.Split(m.body, "\n"), sample) {
+		t.Errorf("/metrics (%d) lacks %s", m.status, sample)
+	}
 }
 
 // startProxyUnhealthy is startProxy without waiting for /-/healthz.
@@ -725,6 +738,7 @@ func TestReplicaHosts(t *testing.T) {
 	if len(dep.Replicas) != 8 || dep.Status != "HEALTHY" || dep.MaxOngoing != 20 {
 		t.Fatalf("deployment over two hosts of 4 actors of limit 20 (the hosts' flags): %+v", dep)
 	}
+	wantMetric(t, c, p, `serve_deployment_healthy_replicas{application="hi",deployment="hi"} 8`)
 
 	// A reconfigure reaches every actor through one control frame per host.
 	if r := do(t, c, mustRequest(t, http.MethodPut, "http://"+p.AdminAddr+"/-/applications/hi/deployments/hi/user_config", `{"body":"v2"}`)); r.status != 200 {
@@ -746,6 +760,7 @@ func TestReplicaHosts(t *testing.T) {
 	if unhealthy != 4 {
 		t.Errorf("%d replicas unhealthy after the kill, want the host's 4", unhealthy)
 	}
+	wantMetric(t, c, p, fmt.Sprintf(`serve_deployment_healthy_replicas{application="hi",deployment="hi"} %d`, 8-unhealthy))
 }
 
 // TestReplicaHostMutualTLS serves through a replica host that takes only
