@@ -66,8 +66,12 @@ type deploymentStatus struct {
 
 // deploymentStatusOf asks d's replicas for their stats (one broadcast).
 func deploymentStatusOf(ctx context.Context, d *Deployment) deploymentStatus {
+	return deploymentStatusFrom(d, d.Stats(ctx))
+}
+
+// deploymentStatusFrom is d's status with its replicas' stats.
+func deploymentStatusFrom(d *Deployment, replicas []replica.ReplicaStatus) deploymentStatus {
 	spec := d.Spec()
-	replicas := d.Stats(ctx)
 	status, message := deploymentHealth(replicas, spec.NumReplicas, d.GaveUp())
 	return deploymentStatus{
 		Name:               spec.Name,
@@ -139,14 +143,23 @@ func maxOngoingOf(d *Deployment, spec int) int {
 }
 
 // getApplications answers every application, deployment and replica.
+// The stats come from all deployments at once, within statsTimeout, not
+// controlTimeout: a stalled replica host must not hold a status page
+// (and whatever polls it) for 30 s.
 func (p *Proxy) getApplications(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), controlTimeout)
-	defer cancel()
+	var deployments []*Deployment
+	for _, app := range p.opts.Applications {
+		deployments = append(deployments, app.Deployments...)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), statsTimeout)
+	stats := statsOf(ctx, deployments)
+	cancel()
 	out := applicationsStatus{Applications: []applicationStatus{}}
 	for _, app := range p.opts.Applications {
 		as := applicationStatus{Name: app.Name, RoutePrefix: app.RoutePrefix, Status: "RUNNING"}
 		for _, d := range app.Deployments {
-			ds := deploymentStatusOf(ctx, d)
+			ds := deploymentStatusFrom(d, stats[0])
+			stats = stats[1:]
 			switch {
 			case ds.Status == statusUnhealthy && as.Status != "UNHEALTHY":
 				as.Status = "UNHEALTHY"

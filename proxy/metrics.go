@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/serveproxy/serveproxy/replica"
 )
 
 // latencyBucketsMS are Ray Serve's default latency buckets, in milliseconds.
@@ -314,8 +316,29 @@ func (c *histogramCount) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// statsTimeout bounds the stats broadcasts of one scrape.
+// statsTimeout bounds the stats broadcasts of one scrape, or of one GET
+// /-/applications: one deadline for all deployments' broadcasts, made at
+// once (statsOf). It is half Prometheus's default scrape_timeout (10 s),
+// so that a stalled replica host costs a scrape its own replicas' counts
+// and leaves time for the rest of the scrape and the network, instead of
+// the whole scrape failing and every metric going missing. A replica that
+// answers does so in milliseconds.
 const statsTimeout = 5 * time.Second
+
+// statsOf asks every deployment of ds for its replicas' stats at once,
+// all under ctx, and returns them in ds's order. One after another, each
+// with a deadline of its own, a host stalled under n deployments cost n
+// deadlines; under one shared deadline, the first stalled deployment used
+// it up and left the later ones errors.
+func statsOf(ctx context.Context, ds []*Deployment) [][]replica.ReplicaStatus {
+	out := make([][]replica.ReplicaStatus, len(ds))
+	var wg sync.WaitGroup
+	for i, d := range ds {
+		wg.Go(func() { out[i] = d.Stats(ctx) }) // ends by ctx's deadline
+	}
+	wg.Wait()
+	return out
+}
 
 // stateCollector reads queue lengths, replica load, request counts and
 // health at scrape time, so that the request path pays nothing for them.
@@ -336,6 +359,13 @@ var (
 	healthyDesc = prometheus.NewDesc("serve_deployment_replica_healthy",
 		"Whether the replica is healthy (1) or not (0).",
 		[]string{"application", "deployment", "replica"}, nil)
+	// healthyReplicasDesc is what an alert on a deployment left without
+	// replicas reads: serve_deployment_replica_healthy has no series then
+	// (every start crashed, or its upstreams left DNS), and a sum over
+	// no series is no value, not 0, so such an alert never fired.
+	healthyReplicasDesc = prometheus.NewDesc("serve_deployment_healthy_replicas",
+		"The number of the deployment's replicas that are healthy now (running, passed their last health check, in routing): the sum of its serve_deployment_replica_healthy, but 0, not absent, when it has no replica at all.",
+		[]string{"application", "deployment"}, nil)
 )
 
 // Describe implements prometheus.Collector.
@@ -344,30 +374,32 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- processingDesc
 	ch <- peakDesc
 	ch <- healthyDesc
+	ch <- healthyReplicasDesc
 }
 
 // Collect implements prometheus.Collector. The replicas' counts come from
 // each deployment's stats broadcast, the controllers' one path to them.
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, d := range c.deployments {
-		app, name := d.App(), d.Name()
+	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
+	all := statsOf(ctx, c.deployments)
+	cancel()
+	now := time.Now()
+	for i, d := range c.deployments {
+		app, name, stats := d.App(), d.Name(), all[i]
 		ch <- prometheus.MustNewConstMetric(queuedDesc, prometheus.GaugeValue, float64(d.Scheduler.Queued()), app, name)
-		// A deadline each, so that one stalled host costs only its own
-		// deployment's counts.
-		ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
-		stats := d.Stats(ctx)
-		cancel()
 		if rm := d.replicaMetrics; rm != nil {
 			ids := make(map[string]bool, len(stats))
 			for _, s := range stats {
 				ids[s.ID] = true
 			}
-			rm.pruneReplicas(func(id string) bool { return ids[id] }, time.Now())
+			rm.pruneReplicas(func(id string) bool { return ids[id] }, now)
 		}
+		n := 0
 		for _, s := range stats {
 			healthy := 0.0
 			if s.Healthy {
 				healthy = 1
+				n++
 			}
 			ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, healthy, app, name, s.ID)
 			if s.Error != "" {
@@ -376,5 +408,6 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(processingDesc, prometheus.GaugeValue, float64(s.Ongoing), app, name, s.ID)
 			ch <- prometheus.MustNewConstMetric(peakDesc, prometheus.GaugeValue, float64(s.Peak), app, name, s.ID)
 		}
+		ch <- prometheus.MustNewConstMetric(healthyReplicasDesc, prometheus.GaugeValue, float64(n), app, name)
 	}
 }

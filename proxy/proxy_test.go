@@ -606,6 +606,8 @@ func TestMetricsPresent(t *testing.T) {
 		`serve_deployment_error_counter_total{application="a",deployment="a-dep",replica="` + rid + `",route="/a"} 0`,
 		`serve_deployment_processing_latency_ms_bucket{application="a",deployment="a-dep",replica="` + rid + `",route="/a",le="1"}`,
 		`serve_deployment_replica_healthy{application="a",deployment="a-dep",replica="` + rid + `"} 1`,
+		`serve_replica_peak_processing_queries{application="a",deployment="a-dep",replica="` + rid + `"} 1`,
+		`serve_deployment_healthy_replicas{application="a",deployment="a-dep"} 1`,
 		`serve_proxy_access_log_dropped_total 0`,
 		`go_gc_duration_seconds`,
 		`process_resident_memory_bytes`,

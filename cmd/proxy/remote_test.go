@@ -352,6 +352,19 @@ func TestCommandCrashAtStart(t *testing.T) {
 	if dep.Status != "UNHEALTHY" {
 		t.Errorf("broken deployment status %q, want UNHEALTHY", dep.Status)
 	}
+	// An alert on the healthy count fires for a deployment without any
+	// replica: its gauge is there, at 0.
+	wantMetric(t, c, p, `serve_deployment_healthy_replicas{application="broken",deployment="broken"} 0`)
+	wantMetric(t, c, p, `serve_deployment_healthy_replicas{application="ok",deployment="ok"} 1`)
+}
+
+// wantMetric checks that p's /metrics has the line sample.
+func wantMetric(t *testing.T, c *http.Client, p *proc, sample string) {
+	t.Helper()
+	m := get(t, c, "http://"+p.AdminAddr+"/metrics")
+	if m.status != 200 || !slices.Contains(strings.Split(m.body, "\n"), sample) {
+		t.Errorf("/metrics (%d) lacks %s", m.status, sample)
+	}
 }
 
 // startProxyUnhealthy is startProxy without waiting for /-/healthz.
@@ -725,6 +738,7 @@ func TestReplicaHosts(t *testing.T) {
 	if len(dep.Replicas) != 8 || dep.Status != "HEALTHY" || dep.MaxOngoing != 20 {
 		t.Fatalf("deployment over two hosts of 4 actors of limit 20 (the hosts' flags): %+v", dep)
 	}
+	wantMetric(t, c, p, `serve_deployment_healthy_replicas{application="hi",deployment="hi"} 8`)
 
 	// A reconfigure reaches every actor through one control frame per host.
 	if r := do(t, c, mustRequest(t, http.MethodPut, "http://"+p.AdminAddr+"/-/applications/hi/deployments/hi/user_config", `{"body":"v2"}`)); r.status != 200 {
@@ -746,6 +760,7 @@ func TestReplicaHosts(t *testing.T) {
 	if unhealthy != 4 {
 		t.Errorf("%d replicas unhealthy after the kill, want the host's 4", unhealthy)
 	}
+	wantMetric(t, c, p, fmt.Sprintf(`serve_deployment_healthy_replicas{application="hi",deployment="hi"} %d`, 8-unhealthy))
 }
 
 // TestReplicaHostMutualTLS serves through a replica host that takes only
@@ -1406,5 +1421,75 @@ func TestCrashLoopBacksOff(t *testing.T) {
 	t.Logf("%d exits in the 4 s after the first", exits-1)
 	if exits-1 > 7 {
 		t.Errorf("%d restarts in 4 s: no backoff", exits-1)
+	}
+}
+
+// TestStalledHostBoundsStatus stops (SIGSTOP) the replica host of three
+// deployments, beside a fourth on a host that still answers: a /metrics
+// scrape must stay within Prometheus's default scrape_timeout of 10 s (it
+// took 5 s a deployment, one after another), GET /-/applications within
+// the same bound (it took the 30 s controlTimeout), and the answering
+// host's counts must be in both (a shared deadline that the stalled
+// deployments used up must not leave the others without theirs).
+func TestStalledHostBoundsStatus(t *testing.T) {
+	args := []string{"-handler", "static", "-replicas", "2", "-max-ongoing", "10", "-user-config", `{"body":"hi"}`}
+	stalled, live := startReplicaHost(t, args...), startReplicaHost(t, args...)
+	p := startProxy(t, nil, "-config", writeConfig(t, `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - {name: a, handler: host, hosts: ["`+stalled.addr+`"], health_check_period_s: 60}
+      - {name: b, handler: host, hosts: ["`+stalled.addr+`"], health_check_period_s: 60}
+      - {name: c, handler: host, hosts: ["`+stalled.addr+`"], health_check_period_s: 60}
+      - {name: d, handler: host, hosts: ["`+live.addr+`"], health_check_period_s: 60}
+`))
+	// Killed before the proxy's stop (cleanups run last first), so that
+	// the stop does not wait on a host that cannot answer.
+	t.Cleanup(func() { _ = stalled.cmd.Process.Kill() })
+	c := newClient(t, 4)
+	c.Timeout = time.Minute // long enough to measure the old 30 s
+	if err := stalled.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	const bound = 10 * time.Second // Prometheus's default scrape_timeout
+
+	start := time.Now()
+	m := get(t, c, "http://"+p.AdminAddr+"/metrics")
+	took := time.Since(start)
+	t.Logf("/metrics with a stopped host under 3 of 4 deployments: %v", took.Round(time.Millisecond))
+	if m.status != 200 || took > bound {
+		t.Errorf("/metrics: %d in %v, want 200 within %v", m.status, took, bound)
+	}
+	if !strings.Contains(m.body, `serve_replica_processing_queries{application="hi",deployment="d",`) {
+		t.Error("/metrics lacks the counts of the deployment whose host answers")
+	}
+
+	start = time.Now()
+	r := get(t, c, "http://"+p.AdminAddr+"/-/applications")
+	took = time.Since(start)
+	t.Logf("/-/applications with a stopped host under 3 of 4 deployments: %v", took.Round(time.Millisecond))
+	if r.status != 200 || took > bound {
+		t.Errorf("/-/applications: %d in %v, want 200 within %v", r.status, took, bound)
+	}
+	var a struct {
+		Applications []struct {
+			Deployments []struct {
+				Name     string `json:"name"`
+				Replicas []struct {
+					ID    string `json:"id"`
+					Error string `json:"error"`
+				} `json:"replicas"`
+			} `json:"deployments"`
+		} `json:"applications"`
+	}
+	if err := json.Unmarshal([]byte(r.body), &a); err != nil || len(a.Applications) != 1 || len(a.Applications[0].Deployments) != 4 {
+		t.Fatalf("GET /-/applications: %v %s", err, r.body)
+	}
+	for _, d := range a.Applications[0].Deployments {
+		for _, rep := range d.Replicas {
+			if stalledDep := d.Name != "d"; stalledDep == (rep.Error == "") {
+				t.Errorf("deployment %s, replica %s: stats error %q (want one only under the stopped host)", d.Name, rep.ID, rep.Error)
+			}
+		}
 	}
 }
