@@ -132,8 +132,35 @@ func (p *Proxy) putGC(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.opts.Log.Info().Int("percent", s.Percent).Str("memory_limit", s.MemoryLimit).Msg("GC retuned through PUT /-/gc")
-	p.broadcastGC(r.Context(), s)
-	writeJSON(w, http.StatusOK, s)
+	failed := p.broadcastGC(r.Context(), s)
+	if len(failed) == 0 {
+		writeJSON(w, http.StatusOK, s)
+		return
+	}
+	// 207, not 200: the proxy's settings are in force and the replicas
+	// that failed get them later, but the caller must not read that every
+	// host runs them now.
+	writeJSON(w, http.StatusMultiStatus, gcPartial{
+		State:   s,
+		Message: fmt.Sprintf("set_gc failed on %d replicas, listed in failed: the proxy's settings are in force, and each of those replicas is given them again at each health check until it takes them (a replica host that is down, once it reconnects)", len(failed)),
+		Failed:  failed,
+	})
+}
+
+// gcPartial is PUT /-/gc's answer when some replicas failed set_gc: the
+// settings in force, as for a 200, and the failures, each as PUT
+// .../user_config reports a replica's result, with its deployment.
+type gcPartial struct {
+	gctune.State
+	Message string         `json:"message"`
+	Failed  []gcCallResult `json:"failed"`
+}
+
+// gcCallResult is one replica's failed set_gc.
+type gcCallResult struct {
+	Application string `json:"application"`
+	Deployment  string `json:"deployment"`
+	callResult
 }
 
 func (b gcUpdate) update() (gctune.Update, error) {
@@ -161,22 +188,31 @@ func (b gcUpdate) update() (gctune.Update, error) {
 
 // broadcastGC sends the GC settings now in force to every replica (set_gc):
 // in-process replicas share the proxy's GC and take it as done; replicas
-// in processes of their own retune theirs. A failure is logged: the
-// proxy's own settings are in force either way.
-func (p *Proxy) broadcastGC(ctx context.Context, s gctune.State) {
+// in processes of their own retune theirs. Each deployment remembers the
+// settings, and gives them to the replicas that failed them (again at
+// each health check) and to replica hosts that join or reconnect later.
+// A failure is logged and returned: the proxy's own settings are in force
+// either way.
+func (p *Proxy) broadcastGC(ctx context.Context, s gctune.State) []gcCallResult {
 	payload, err := json.Marshal(s)
 	if err != nil {
 		p.opts.Log.Error().Err(err).Msg("encoding set_gc")
-		return
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
+	// Not cancelled when the caller leaves, as a reconfigure is not: the
+	// proxy's settings changed, and the replicas are to follow.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), controlTimeout)
 	defer cancel()
+	var failed []gcCallResult
 	for _, d := range p.deployments {
 		for _, r := range d.SetGC(ctx, payload) {
 			if r.Err != nil {
 				p.opts.Log.Warn().Str("application", d.App()).Str("deployment", d.Name()).Str("replica", r.Actor).
-					Err(r.Err).Msg("set_gc failed on a replica")
+					Err(r.Err).Msg("set_gc failed on a replica: given it again at each health check, or once it reconnects")
+				failed = append(failed, gcCallResult{Application: d.App(), Deployment: d.Name(),
+					callResult: callResult{Replica: r.Actor, Error: r.Err.Error()}})
 			}
 		}
 	}
+	return failed
 }

@@ -291,6 +291,10 @@ func (d *Deployment) connectTargets(fresh []string) []error {
 		d.publishLocked()
 	}
 	d.mu.Unlock()
+	// A replica host runs its own GC settings, which need not be those of
+	// PUT /-/gc. Once they are in d.replicas, so that a SetGC from now on
+	// reaches them and one before it is what giveGC reads.
+	d.giveGC(d.ctx, joining, "joining")
 	for _, r := range clashed {
 		if s, ok := r.(Stopper); ok {
 			_ = s.Stop(d.ctx)
@@ -314,12 +318,42 @@ func (d *Deployment) Unconnected() []TargetError {
 }
 
 // SetGC broadcasts MethodSetGC with payload to every replica and returns
-// their results in pool order.
+// their results in pool order. It remembers payload: a replica that failed
+// it (a replica host that is down, say) is given it again at each health
+// check until it takes it, and one that joins or reconnects later (a host
+// restarted, which runs its own env's settings) is given it too.
 func (d *Deployment) SetGC(ctx context.Context, payload []byte) []Result {
+	d.gcMu.Lock()
+	defer d.gcMu.Unlock()
 	d.mu.Lock()
+	d.gc = payload
 	pool := d.pool
+	all := slices.Concat(d.replicas, d.retired) // the pool's order
 	d.mu.Unlock()
-	return pool.Broadcast(ctx, Call{Method: MethodSetGC, Payload: payload})
+	results := pool.Broadcast(ctx, Call{Method: MethodSetGC, Payload: payload})
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var in map[Replica]bool // d.replicas, once a failure needs it
+	for i, res := range results {
+		r := all[i]
+		if res.Err == nil {
+			delete(d.gcStale, r) // it has the one that stands
+			delete(d.gcRefused, r)
+			continue
+		}
+		if in == nil {
+			in = make(map[Replica]bool, len(d.replicas))
+			for _, r := range d.replicas {
+				in[r] = true
+			}
+		}
+		if in[r] { // not a retired one, which leaves
+			// The caller logs this failure at Warn; the retries log
+			// theirs at Debug.
+			d.gcStale[r], d.gcRefused[r] = true, true
+		}
+	}
+	return results
 }
 
 // ReportUnreachable takes a replica the proxy could not reach (its

@@ -84,6 +84,11 @@ type Deployment struct {
 	// stopped is set, under control, once Stop begins: the changes that
 	// would start background work refuse with ErrStopped from then on.
 	stopped bool
+	// gcMu orders the set_gc calls (SetGC's broadcast, and the repair's
+	// to replicas that missed it), so that one reading an older payload
+	// cannot land after a newer one. It is taken before mu, never under
+	// it, and not with control: a retune need not wait for a scale.
+	gcMu sync.Mutex
 
 	// mu guards every field below.
 	mu       sync.Mutex
@@ -112,6 +117,16 @@ type Deployment struct {
 	unsync map[Replica]bool
 	// refused are the unsync replicas whose refusal was logged: once.
 	refused map[Replica]bool
+	// gc is the set_gc payload SetGC last sent, nil until it is called
+	// (PUT /-/gc): replicas that were not there for it, or failed it, are
+	// given it, so that every replica host runs what the proxy reports.
+	// Until then a host keeps its own settings (its env's).
+	gc []byte
+	// gcStale are the replicas to be given gc: a host that joined or
+	// reconnected since (a restarted one runs its env's settings), or
+	// one that failed it; gcRefused those whose failure was logged.
+	gcStale   map[Replica]bool
+	gcRefused map[Replica]bool
 	// renew are targets to connect anew, their replicas replaced (a
 	// replica host back with other actors; see ReplaceTarget).
 	renew map[string]bool
@@ -166,6 +181,8 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 		want:          make(map[string]bool, len(spec.Targets)),
 		unsync:        make(map[Replica]bool),
 		refused:       make(map[Replica]bool),
+		gcStale:       make(map[Replica]bool),
+		gcRefused:     make(map[Replica]bool),
 		renew:         make(map[string]bool),
 		wake:          make(chan struct{}, 1),
 		checkNow:      make(chan struct{}, 1),

@@ -169,6 +169,8 @@ func (d *Deployment) retireLocked(olds ...Replica) {
 		delete(d.unreachableAt, old)
 		delete(d.unsync, old)
 		delete(d.refused, old)
+		delete(d.gcStale, old)
+		delete(d.gcRefused, old)
 		d.retired = append(d.retired, old)
 		batch = append(batch, old)
 	}

@@ -17,8 +17,19 @@ import (
 // deployment's: rs stay out of routing until the health loop has given
 // them the deployment's (when it has one); then a health check brings
 // them back. It does not wait.
+//
+// They are given the GC settings of the last SetGC too, if there was one:
+// a restarted host runs its own env's. That does not keep them out of
+// routing.
 func (d *Deployment) Reconnected(rs []Replica) {
 	d.mu.Lock()
+	if d.gc != nil {
+		for _, r := range rs {
+			if slices.Contains(d.replicas, r) {
+				d.gcStale[r] = true
+			}
+		}
+	}
 	if d.spec.UserConfig != nil {
 		in := make(map[Replica]bool, len(d.replicas))
 		for _, r := range d.replicas {
@@ -56,13 +67,14 @@ func (d *Deployment) ReplaceTarget(target string) {
 }
 
 // startRepair runs a repair pass in the background, unless one runs: the
-// targets to connect anew and the replicas waiting for their user_config.
+// targets to connect anew and the replicas waiting for their user_config
+// or the GC settings.
 // Only the health loop calls it, so that its d.wg.Add comes before Stop's
 // Wait.
 func (d *Deployment) startRepair(ctx context.Context) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.repairing || len(d.renew) == 0 && len(d.unsync) == 0 {
+	if d.repairing || len(d.renew) == 0 && len(d.unsync) == 0 && len(d.gcStale) == 0 {
 		return
 	}
 	d.repairing = true
@@ -77,8 +89,9 @@ func (d *Deployment) startRepair(ctx context.Context) {
 }
 
 // repair makes one pass: each target to renew is connected anew, and the
-// replicas waiting for the user_config are given it; then a health round
-// brings back those that took it. What failed waits for the next round.
+// replicas waiting for the user_config are given it, and those waiting
+// for the GC settings theirs; then a health round brings back those that
+// took the user_config. What failed waits for the next round.
 func (d *Deployment) repair(ctx context.Context) {
 	d.mu.Lock()
 	var renew []string
@@ -93,6 +106,7 @@ func (d *Deployment) repair(ctx context.Context) {
 		progress = d.renewTarget(ctx, t) || progress
 	}
 	progress = d.syncUnsync(ctx) > 0 || progress
+	d.syncGC(ctx) // routing does not wait for it
 	// Only for progress: what failed waits for the next period, rather
 	// than be tried again at once, and again.
 	if progress && ctx.Err() == nil {
@@ -249,4 +263,68 @@ func (d *Deployment) giveUserConfig(ctx context.Context, rs []Replica, why strin
 	}
 	ev.Str("replicas", why).Int("count", len(rs)).Int("failed", failed).Msg("user_config given to replicas that were not there for the last reconfigure")
 	return len(rs) - failed
+}
+
+// syncGC gives the replicas waiting for the GC settings of the last
+// SetGC (see gcStale) those settings.
+func (d *Deployment) syncGC(ctx context.Context) {
+	d.mu.Lock()
+	var rs []Replica
+	for _, r := range d.replicas {
+		if d.gcStale[r] {
+			rs = append(rs, r)
+		}
+	}
+	d.mu.Unlock()
+	d.giveGC(ctx, rs, "waiting for them")
+}
+
+// giveGC gives rs the GC settings of the last SetGC, if there was one,
+// through one set_gc broadcast bounded by health_check_timeout_s. A
+// replica that fails it stays in gcStale, tried again at each health
+// check (logged once at Warn); it stays in routing, since it serves
+// either way.
+func (d *Deployment) giveGC(ctx context.Context, rs []Replica, why string) {
+	d.gcMu.Lock()
+	defer d.gcMu.Unlock()
+	d.mu.Lock()
+	payload := d.gc
+	d.mu.Unlock()
+	if len(rs) == 0 || payload == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.spec.HealthCheckTimeout)
+	defer cancel()
+	actors := make([]Actor, len(rs))
+	for i, r := range rs {
+		actors[i] = r
+	}
+	results := NewPool(actors...).Broadcast(ctx, Call{Method: MethodSetGC, Payload: payload})
+	log := d.log()
+	failed := 0
+	d.mu.Lock()
+	for i, res := range results {
+		r := rs[i]
+		if res.Err == nil {
+			delete(d.gcStale, r)
+			delete(d.gcRefused, r)
+			continue
+		}
+		failed++
+		if !slices.Contains(d.replicas, r) {
+			continue // retired meanwhile
+		}
+		ev := log.Debug() // said once at Warn, not at every round
+		if !d.gcRefused[r] {
+			ev, d.gcRefused[r] = log.Warn(), true
+		}
+		ev.Str("replica", r.ID()).Err(res.Err).Msg("replica did not take the GC settings of PUT /-/gc: tried again at each health check")
+		d.gcStale[r] = true
+	}
+	d.mu.Unlock()
+	ev := log.Info()
+	if failed == len(rs) {
+		ev = log.Debug() // nothing new: the failures were said
+	}
+	ev.Str("replicas", why).Int("count", len(rs)).Int("failed", failed).Msg("GC settings of PUT /-/gc given to replicas that were not there for them")
 }

@@ -1493,3 +1493,100 @@ func TestStalledHostBoundsStatus(t *testing.T) {
 		}
 	}
 }
+
+// setGCPercents returns the GOGC of each set_gc a replica host applied,
+// from its log, in order.
+func setGCPercents(h *hiProcess) []int {
+	var out []int
+	for line := range strings.SplitSeq(h.stderr.String(), "\n") {
+		var l struct {
+			Message string `json:"message"`
+			Percent int    `json:"percent"`
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Message == "replica host: GC retuned by set_gc" {
+			out = append(out, l.Percent)
+		}
+	}
+	return out
+}
+
+// TestReplicaHostsGetTheGCSettings retunes the GC through PUT /-/gc while
+// one of two replica hosts is down: the answer names its actors as
+// failed (207, not 200); restarted on its address, with its env's
+// GOGC 400, it is given the proxy's 300 once it reconnects, as is a host
+// that joins later by reload, so that every host runs what GET /-/gc
+// reports.
+func TestReplicaHostsGetTheGCSettings(t *testing.T) {
+	args := []string{"-handler", "static", "-replicas", "2"}
+	up, down := startReplicaHost(t, args...), startReplicaHost(t, args...)
+	conf := func(hosts ...string) string {
+		return `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - {name: hi, handler: host, hosts: ["` + strings.Join(hosts, `", "`) + `"], health_check_period_s: 60}
+`
+	}
+	path := writeConfig(t, conf(up.addr, down.addr))
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 4)
+	c.Timeout = 10 * time.Second
+
+	_ = down.cmd.Process.Signal(syscall.SIGKILL)
+	if !p.waitLogged("replica host connection lost", startTimeout) {
+		t.Fatal("the proxy did not see the killed host go")
+	}
+	r := do(t, c, mustRequest(t, http.MethodPut, "http://"+p.AdminAddr+"/-/gc", `{"percent": 300, "memory_limit": "0.5"}`))
+	var answer struct {
+		Percent int    `json:"percent"`
+		Message string `json:"message"`
+		Failed  []struct {
+			Application string `json:"application"`
+			Deployment  string `json:"deployment"`
+			Replica     string `json:"replica"`
+			OK          bool   `json:"ok"`
+			Error       string `json:"error"`
+		} `json:"failed"`
+	}
+	if err := json.Unmarshal([]byte(r.body), &answer); err != nil {
+		t.Fatalf("PUT /-/gc: %d %q: %v", r.status, r.body, err)
+	}
+	if r.status != http.StatusMultiStatus || answer.Percent != 300 || len(answer.Failed) != 2 || !strings.Contains(answer.Message, "reconnects") {
+		t.Fatalf("PUT /-/gc with a host down = %d %s, want 207 naming its 2 actors as failed", r.status, r.body)
+	}
+	for _, f := range answer.Failed {
+		if f.Application != "hi" || f.Deployment != "hi" || !strings.HasPrefix(f.Replica, down.addr+"/") || f.OK || f.Error == "" {
+			t.Errorf("failed entry %+v, want an actor of the host down (%s), with why", f, down.addr)
+		}
+	}
+	if got := setGCPercents(up); !slices.Equal(got, []int{300}) {
+		t.Errorf("the host up applied set_gc %v, want [300]", got)
+	}
+
+	// Restarted with its env's settings (GOGC 400), it is given the
+	// proxy's once the proxy has reconnected, with no health round due
+	// for a minute.
+	back := startListening(t, replicaBin, append([]string{"-listen", down.addr}, args...)...)
+	waitUntil(t, "the restarted host given set_gc", func() bool { return len(setGCPercents(back)) > 0 })
+	if got := setGCPercents(back); !slices.Equal(got, []int{300}) {
+		t.Errorf("the restarted host applied set_gc %v, want [300]", got)
+	}
+
+	joined := startReplicaHost(t, args...)
+	if err := os.WriteFile(path, []byte(conf(up.addr, down.addr, joined.addr)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if status, res := postReload(t, c, p); status != http.StatusOK || len(res.Applied) != 1 {
+		t.Fatalf("reload adding a host: %d %+v", status, res)
+	}
+	waitUntil(t, "the joining host given set_gc", func() bool { return len(setGCPercents(joined)) > 0 })
+	if got := setGCPercents(joined); !slices.Equal(got, []int{300}) {
+		t.Errorf("the joining host applied set_gc %v, want [300]", got)
+	}
+	if got := setGCPercents(up); !slices.Equal(got, []int{300}) {
+		t.Errorf("the host that was up all along applied set_gc %v, want [300] only", got)
+	}
+	if r := get(t, c, "http://"+p.AdminAddr+"/-/gc"); r.status != 200 || !strings.Contains(r.body, `"percent": 300`) {
+		t.Errorf("GET /-/gc = %d %s, want percent 300", r.status, r.body)
+	}
+}
