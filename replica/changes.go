@@ -159,7 +159,8 @@ func (d *Deployment) Replaces() bool { return d.spec.Connect == nil }
 // replica is connected for each new target, and the replicas of targets
 // gone leave routing and drain. An empty set is valid: every replica is
 // gone, and requests get 503 "No replicas are available". The targets it
-// could not connect to are in its error; call it again to retry them.
+// could not connect to are in its error, and are tried again at each
+// health check until they connect or leave the list.
 func (d *Deployment) SetTargets(targets []string) error {
 	if d.spec.Connect == nil {
 		return errors.New("SetTargets: the deployment does not follow targets")
@@ -218,6 +219,10 @@ func (d *Deployment) SetTargets(targets []string) error {
 	for i, err := range errs {
 		if err != nil {
 			d.unconnected = append(d.unconnected, TargetError{Target: fresh[i], Error: err.Error()})
+			// The health loop tries it again each period: a static list
+			// (a reload's hosts, one of them not up yet) has nothing else
+			// to bring it in.
+			d.renew[fresh[i]] = true
 		}
 	}
 	d.mu.Unlock()

@@ -565,6 +565,33 @@ func TestReplaceTargetRetriesAFailedConnect(t *testing.T) {
 	waitTargets(t, d, "a", "b")
 }
 
+// A target a list brings in that cannot be connected yet (a replica host
+// not up when the reload came) is tried again at each health check: it
+// had waited for the next reload (found by an exploratory run).
+func TestSetTargetsRetriesAFailedConnect(t *testing.T) {
+	var downB atomic.Bool
+	downB.Store(true)
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"}, HealthCheckPeriod: 20 * time.Millisecond,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			if target == "b" && downB.Load() {
+				return nil, errors.New("connection refused")
+			}
+			return []Replica{NewLocal(id, noop{}, 1, onRelease)}, nil
+		}})
+	if err := d.SetTargets([]string{"a", "b"}); err == nil {
+		t.Fatal("SetTargets with b down gave no error")
+	}
+	time.Sleep(100 * time.Millisecond) // health rounds that fail to connect it
+	if got := targetsOf(d); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("targets %v while b is down, want a alone", got)
+	}
+	downB.Store(false)
+	waitTargets(t, d, "a", "b")
+	if u := d.Unconnected(); len(u) != 0 {
+		t.Fatalf("Unconnected() = %v once b connected", u)
+	}
+}
+
 // A list set while a replacement waits for the old replicas' drain stands:
 // the replacement connects its target only if the list still has it, and
 // touches no other (found by review).

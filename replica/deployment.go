@@ -130,6 +130,9 @@ type Deployment struct {
 	// renew are targets to connect anew, their replicas replaced (a
 	// replica host back with other actors; see ReplaceTarget).
 	renew map[string]bool
+	// renewWarned is when a target's failure to connect was last logged
+	// at Warn (see renewTarget).
+	renewWarned map[string]time.Time
 	// repairing is set while a repair pass runs (see startRepair).
 	repairing bool
 	// unconnected are the targets of the last SetTargets it could not
@@ -184,6 +187,7 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 		gcStale:       make(map[Replica]bool),
 		gcRefused:     make(map[Replica]bool),
 		renew:         make(map[string]bool),
+		renewWarned:   make(map[string]time.Time),
 		wake:          make(chan struct{}, 1),
 		checkNow:      make(chan struct{}, 1),
 	}

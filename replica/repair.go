@@ -169,10 +169,22 @@ func (d *Deployment) renewTarget(ctx context.Context, target string) bool {
 	defer d.mu.Unlock()
 	d.unconnected = slices.DeleteFunc(d.unconnected, func(te TargetError) bool { return te.Target == target })
 	if err != nil {
-		d.log().Warn().Err(err).Str("target", target).Msg("connecting a target anew failed; tried again at the next health check")
+		// At Warn when it begins, then once a failureLogEvery: a target
+		// left down (a host not started yet, a typo in the list) is
+		// tried at every health check.
+		ev := d.log().Debug()
+		if at, ok := d.renewWarned[target]; !ok || time.Since(at) >= failureLogEvery {
+			ev = d.log().Warn()
+			d.renewWarned[target] = time.Now()
+		}
+		ev.Err(err).Str("target", target).Msg("connecting a target failed; tried again at each health check")
 		d.unconnected = append(d.unconnected, TargetError{Target: target, Error: err.Error()})
 		d.renew[target] = true
 		return false
+	}
+	if _, ok := d.renewWarned[target]; ok {
+		delete(d.renewWarned, target)
+		d.log().Info().Str("target", target).Msg("target connected after failing")
 	}
 	return true
 }
