@@ -219,10 +219,12 @@ func (d *Deployment) SetTargets(targets []string) error {
 	for i, err := range errs {
 		if err != nil {
 			d.unconnected = append(d.unconnected, TargetError{Target: fresh[i], Error: err.Error()})
-			// The health loop tries it again each period: a static list
-			// (a reload's hosts, one of them not up yet) has nothing else
-			// to bring it in.
-			d.renew[fresh[i]] = true
+			// The health loop tries it again each period: a list (a
+			// reload's hosts, one of them not up yet) has nothing else to
+			// bring it in.
+			if !d.spec.Discovered {
+				d.renew[fresh[i]] = true
+			}
 		}
 	}
 	d.mu.Unlock()

@@ -48,6 +48,10 @@ type DeploymentSpec struct {
 	// passes again, instead of being replaced.
 	Connect func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error)
 	Targets []string
+	// Discovered is set when the targets come from DNS discovery, which
+	// tries those it could not connect to again at each answer; a list's
+	// are tried again at each health check.
+	Discovered bool
 }
 
 // Hooks connect a deployment to the router and the log.

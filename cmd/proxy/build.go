@@ -244,6 +244,7 @@ func upstreamSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.En
 	}
 	disc, targets, err := newDiscovery(d, false, log, setTargets)
 	spec.Targets = targets
+	spec.Discovered = true
 	return disc, err
 }
 
@@ -358,6 +359,7 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 		return hc.Replicas(), nil
 	}
 	if d.Discovery != "" {
+		spec.Discovered = true
 		disc, targets, err := newDiscovery(d, true, log, setTargets)
 		return func() { _ = setTargets(targets) }, disc, err
 	}
