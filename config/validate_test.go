@@ -70,6 +70,10 @@ func TestParseErrors(t *testing.T) {
 		{"serve ray_actor_options", withDeployment("        ray_actor_options: {num_cpus: 1}\n"), "applications[0].deployments[0].ray_actor_options", 6, "Ray's resources"},
 		{"serve route_prefix on a deployment", withDeployment("        route_prefix: /x\n"), "applications[0].deployments[0].route_prefix", 6, "set the application's route_prefix"},
 		{"serve num_replicas auto", withDeployment("        num_replicas: auto\n"), "applications[0].deployments[0].num_replicas", 6, `got "auto": autoscaling is not supported`},
+		{"serve max_concurrent_queries", withDeployment("        max_concurrent_queries: 3\n"), "applications[0].deployments[0].max_concurrent_queries", 6, "use max_ongoing_requests"},
+		{"serve ssl_certfile", "http_options:\n  ssl_certfile: c.pem\n" + minimalYAML, "http_options.ssl_certfile", 2, "terminate TLS in front of it"},
+		{"command as one string", withDeployment("        command: python3 app.py\n"), "applications[0].deployments[0].command", 6, `got string "python3 app.py": the program and its arguments, each an item`},
+		{"env as a mapping", withDeployment("        env: {A: b}\n"), "applications[0].deployments[0].env", 6, "got a mapping: KEY=VALUE items"},
 		{"a Serve field where Serve has none", "applications:\n  - name: a\n    autoscaling_config: {}\n    deployments: [{name: d, handler: h}]\n", "applications[0].autoscaling_config", 3, "unknown field; known fields are"},
 
 		// Wrong types.

@@ -284,7 +284,7 @@ func (d *decoder) mapping(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
 func (d *decoder) list(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
 	seq, ok := n.(*ast.SequenceNode)
 	if !ok {
-		d.fail(p, at, "must be a list, got %s", describe(n))
+		d.fail(p, at, "must be a list, got %s%s", describe(n), listHint(p, n))
 		return
 	}
 	s := reflect.MakeSlice(dst.Type(), len(seq.Values), len(seq.Values))
@@ -360,6 +360,22 @@ func (d *decoder) scalar(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
 		return
 	}
 	d.fail(p, at, "must be %s, got %s", kindNoun(dst.Kind()), describe(n))
+}
+
+// listHint is what to write instead, for the lists people most often write
+// in another shape: a command as one string, env as a mapping (Ray's
+// env_vars).
+func listHint(p fieldPath, n ast.Node) string {
+	if len(p) == 0 {
+		return ""
+	}
+	switch key := p[len(p)-1].key; {
+	case key == "command" && !isMapping(n):
+		return `: the program and its arguments, each an item, as exec takes them: [python3, app.py], or [sh, -c, "..."] for a shell line`
+	case key == "env" && isMapping(n):
+		return ": KEY=VALUE items, [K1=V1, K2=V2]"
+	}
+	return ""
 }
 
 // userConfig stores a mapping as the JSON object that reconfigure gets.
