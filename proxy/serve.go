@@ -267,7 +267,7 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 		// not).
 		var unreachable *replica.UnreachableError
 		if errors.As(res.err, &unreachable) && unreachable.Down {
-			p.routeMeta[rt].deployment.ReportUnreachable(h)
+			p.routeMeta[rt].deployment.ReportUnreachable(h, res.err)
 		}
 		// Another replica may take the request only if none accepted it
 		// (issue 5): refused, unreachable before a byte was sent, or full.

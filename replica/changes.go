@@ -366,8 +366,9 @@ func (d *Deployment) SetGC(ctx context.Context, payload []byte) []Result {
 // ReportUnreachable takes a replica the proxy could not reach (its
 // connection was refused, say) out of routing at once, without waiting for
 // its health checks, so that the next requests go elsewhere. It counts as
-// a failed health check; one that passes brings it back.
-func (d *Deployment) ReportUnreachable(h Handle) {
+// a failed health check; one that passes brings it back. cause, if not
+// nil, is why: it goes in the log line.
+func (d *Deployment) ReportUnreachable(h Handle, cause error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, r := range d.replicas {
@@ -378,7 +379,7 @@ func (d *Deployment) ReportUnreachable(h Handle) {
 		d.failures[r] = max(d.failures[r], 1)
 		d.unreachableAt[r] = time.Now()
 		d.publishLocked()
-		d.log().Warn().Str("replica", r.ID()).Msg("replica unreachable: out of routing until a health check passes")
+		d.log().Warn().Str("replica", r.ID()).Err(cause).Msg("replica unreachable: out of routing until a health check passes")
 		return
 	}
 }

@@ -189,7 +189,7 @@ func TestJoiningReplicasGetTheUserConfig(t *testing.T) {
 	// A host back from an outage: out of routing until it has the config.
 	a := d.Replicas()[0]
 	handlers["a"].seen.Store("")
-	d.ReportUnreachable(a)
+	d.ReportUnreachable(a, nil)
 	d.Reconnected([]Replica{a})
 	deadline := time.Now().Add(10 * time.Second)
 	for d.Running() != 3 {
@@ -256,7 +256,7 @@ func TestStalePassKeepsUnreachableOut(t *testing.T) {
 	}
 	before := time.Now()
 	time.Sleep(time.Millisecond) // the report comes strictly after the check began
-	d.ReportUnreachable(r)
+	d.ReportUnreachable(r, nil)
 	d.recordHealth(r, nil, before)
 	if routed() {
 		t.Fatal("a pass from a check begun before the report brought the replica back")

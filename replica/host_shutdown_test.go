@@ -149,7 +149,7 @@ func TestGoAwayKeepsActorsOutOfRouting(t *testing.T) {
 					d.CheckHealthNow()
 				default:
 					for _, r := range hc.Replicas() {
-						d.ReportUnreachable(r)
+						d.ReportUnreachable(r, nil)
 					}
 				}
 			}})

@@ -322,7 +322,7 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 	}
 	outOfRouting := func(dd *proxy.Deployment, hc *replica.HostConn) {
 		for _, r := range hc.Replicas() {
-			dd.ReportUnreachable(r)
+			dd.ReportUnreachable(r, hc.LastError())
 		}
 	}
 	spec.Connect = func(ctx context.Context, _, addr string, onRelease func()) ([]replica.Replica, error) {

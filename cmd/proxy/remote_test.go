@@ -232,6 +232,12 @@ func TestUpstreamKillMinus9(t *testing.T) {
 	if !p.logged("replica unreachable: out of routing until a health check passes") {
 		t.Error("no log line says the replica left routing")
 	}
+	// With why: a refused connection here (a TLS failure, say, elsewhere).
+	if !slices.ContainsFunc(p.stderrLines(), func(l string) bool {
+		return strings.Contains(l, "replica unreachable") && strings.Contains(l, "connection refused")
+	}) {
+		t.Error("the line that says the replica left routing does not say why")
+	}
 }
 
 func TestCommandReplicasRestartAfterKill(t *testing.T) {
