@@ -72,7 +72,7 @@ func run(args []string, env map[string]string, stdout, stderr io.Writer) int {
 
 	e, err := config.ReadEnv(env)
 	if err != nil {
-		fmt.Fprintf(stderr, "proxy: environment: %v\n", err)
+		printLines(stderr, err) // one PROXY_NAME: message line each
 		return exitInvalid
 	}
 	unknownEnv := config.UnknownEnv(env)
@@ -84,7 +84,7 @@ func run(args []string, env map[string]string, stdout, stderr io.Writer) int {
 	// GC settings first, before the proxy allocates anything to speak of.
 	gc, err := gctune.Apply(e, env)
 	if err != nil {
-		fmt.Fprintf(stderr, "proxy: environment: %v\n", err)
+		printLines(stderr, err)
 		return exitInvalid
 	}
 	path := *configPath
@@ -108,7 +108,7 @@ func run(args []string, env map[string]string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, p)
 		}
 		if !*check {
-			fmt.Fprintf(stderr, "proxy: %d problem(s) in the config; nothing started\n", len(problems))
+			fmt.Fprintf(stderr, "proxy: %d problem(s); nothing started\n", len(problems))
 		}
 		return exitInvalid
 	}
@@ -239,11 +239,19 @@ func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Confi
 	}
 	if err := listenClash(httpAddr(cfg), e.AdminAddr); err != nil {
 		if e.HTTPAddr != "" { // the environment's, not the file's
-			return nil, []error{fmt.Errorf("environment: PROXY_HTTP_ADDR %s: %w", e.HTTPAddr, err)}
+			return nil, []error{fmt.Errorf("PROXY_HTTP_ADDR: %s: %w", e.HTTPAddr, err)}
 		}
 		return nil, []error{fieldError(cfg, path, "http_options.port", err)}
 	}
 	return cfg, nil
+}
+
+// printLines writes err to w one line of its message at a time, each a
+// problem on its own (errors.Join's lines), as -check lists them.
+func printLines(w io.Writer, err error) {
+	for line := range strings.SplitSeq(err.Error(), "\n") {
+		fmt.Fprintln(w, line)
+	}
 }
 
 // listenClash reports an HTTP listener that would take the admin

@@ -945,7 +945,7 @@ func TestCheckListenAddresses(t *testing.T) {
 		{"the admin port on localhost", map[string]string{"PROXY_ADMIN_ADDR": "localhost:21042", "PROXY_HTTP_ADDR": ""}, "http_options: {host: 127.0.0.1, port: 21042}\n" + app,
 			"http_options.port: 21042 is the admin listener's port too"},
 		{"both addresses from the environment", map[string]string{"PROXY_ADMIN_ADDR": "127.0.0.1:21043", "PROXY_HTTP_ADDR": "127.0.0.1:21043"}, "http_options: {port: 21044}\n" + app,
-			"environment: PROXY_HTTP_ADDR 127.0.0.1:21043: 21043 is the admin listener's port too"},
+			"PROXY_HTTP_ADDR: 127.0.0.1:21043: 21043 is the admin listener's port too"},
 		{"a host that is no name", nil, "http_options: {host: \"not a host\"}\n" + app,
 			`http_options.host: must be an IP address or a host name, got "not a host"`},
 		{"an env host that is no name", map[string]string{"PROXY_HTTP_ADDR": "bad host:80"}, app,
