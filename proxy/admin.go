@@ -70,6 +70,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false) // read by people and tools, never put in a page
 	_ = enc.Encode(v)
 }
 

@@ -224,7 +224,7 @@ func TestReconfigureRejectedChangesNothing(t *testing.T) {
 	}
 	// Echo takes no user_config at all.
 	if code := putJSON(t, tp.adminURL+"/-/applications/e/deployments/e-dep/user_config", `{"x":1}`, &ans); code != 422 ||
-		!strings.Contains(ans.Error, "no Reconfigure method") {
+		!strings.Contains(ans.Error, "take no user_config") {
 		t.Fatalf("PUT user_config to echo = %d %+v", code, ans)
 	}
 	after := getApplications(t, tp)
@@ -401,7 +401,7 @@ func TestUpstreamDeploymentControl(t *testing.T) {
 	if code, body := put(t, base+"num_replicas", `{"num_replicas": 5}`, ""); code != http.StatusConflict || !strings.Contains(body, "its replicas are its upstreams") {
 		t.Fatalf("PUT num_replicas on upstreams = %d %s, want 409", code, body)
 	}
-	if code, body := put(t, base+"user_config", `{"a": 1}`, ""); code != http.StatusUnprocessableEntity || !strings.Contains(body, "no Reconfigure method") {
+	if code, body := put(t, base+"user_config", `{"a": 1}`, ""); code != http.StatusUnprocessableEntity || !strings.Contains(body, "take no user_config") {
 		t.Fatalf("PUT user_config on upstreams = %d %s, want 422", code, body)
 	}
 }

@@ -64,9 +64,10 @@ func (s *Static) Reconfigure(_ context.Context, userConfig json.RawMessage) erro
 	if err := decodeUserConfig("static", userConfig, &cfg); err != nil {
 		return err
 	}
-	if cfg.Status < 200 || cfg.Status > 999 {
-		// 1xx are interim answers: net/http would send a 200 after one.
-		return fmt.Errorf("static: user_config: status must be 200..999, got %d", cfg.Status)
+	if cfg.Status < 200 || cfg.Status > 599 {
+		// 1xx are interim answers: net/http would send a 200 after one;
+		// beyond 599 is no status at all (RFC 9110, 15).
+		return fmt.Errorf("static: user_config: status must be 200..599, got %d", cfg.Status)
 	}
 	s.resp.Store(&staticResponse{
 		body:        []byte(cfg.Body),

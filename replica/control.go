@@ -29,7 +29,7 @@ const (
 var (
 	// ErrNotReconfigurable is a replica's answer to MethodReconfigure when
 	// its handler has no Reconfigure method, so it cannot take a user_config.
-	ErrNotReconfigurable = errors.New("the handler takes no user_config (it has no Reconfigure method)")
+	ErrNotReconfigurable = errors.New("the replicas take no user_config (command and upstream replicas never do; a Go handler does with a Reconfigure method)")
 	// ErrUnknownMethod is a replica's answer to a control method it does not
 	// know.
 	ErrUnknownMethod = errors.New("unknown control method")

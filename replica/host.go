@@ -194,7 +194,7 @@ func (h *Host) Serve(l net.Listener) error {
 			}
 			// Out of file descriptors, say: wait, as net/http does.
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			h.log.Warn().Err(err).Dur("retry_in", delay).Msg("replica host: accept failed")
+			h.log.Warn().Err(err).Stringer("retry_in", delay).Msg("replica host: accept failed")
 			t := time.NewTimer(delay)
 			select {
 			case <-t.C:

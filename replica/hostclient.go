@@ -385,7 +385,7 @@ func (c *HostConn) reconnect(i int) {
 				if msg := err.Error(); msg != told {
 					ev, told = c.o.Log.Warn(), msg
 				}
-				ev.Str("host", c.addr).Err(err).Dur("retry_in", backoff).Msg("replica host still unreachable")
+				ev.Str("host", c.addr).Err(err).Stringer("retry_in", backoff).Msg("replica host still unreachable")
 				continue
 			}
 			c.bind(ncc, hl)

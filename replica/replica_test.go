@@ -127,8 +127,9 @@ func TestBuiltinConfigErrors(t *testing.T) {
 		wantErr string
 	}{
 		{"static unknown field", NewStatic, `{"bdy":"x"}`, `unknown field "bdy"`},
-		{"static bad status", NewStatic, `{"status":42}`, "status must be 200..999"},
-		{"static interim status", NewStatic, `{"status":103}`, "status must be 200..999"},
+		{"static bad status", NewStatic, `{"status":42}`, "status must be 200..599"},
+		{"static interim status", NewStatic, `{"status":103}`, "status must be 200..599"},
+		{"static status past 599", NewStatic, `{"status":600}`, "status must be 200..599"},
 		{"static wrong type", NewStatic, `{"body":1}`, "static: user_config"},
 		{"sleep negative", NewSleep, `{"ms":-1}`, "ms must be 0 to 86400000 (a day), got -1"},
 		{"sleep past a day", NewSleep, `{"ms":1e13}`, "ms must be 0 to 86400000 (a day), got 1e+13"},
