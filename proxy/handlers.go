@@ -3,8 +3,10 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/pprof"
+	"syscall"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
@@ -100,8 +102,18 @@ func (p *Proxy) reload(w http.ResponseWriter, r *http.Request) {
 // promLogger sends the metrics handler's errors to the proxy's log.
 type promLogger struct{ p *Proxy }
 
-// Println implements promhttp.Logger.
-func (l promLogger) Println(v ...any) { l.p.opts.Log.Error().Msgf("metrics: %v", v) }
+// Println implements promhttp.Logger. A scraper that hung up before its
+// answer was written (a broken pipe, a reset) is no error of the proxy's:
+// it is logged at Debug.
+func (l promLogger) Println(v ...any) {
+	ev := l.p.opts.Log.Error()
+	for _, a := range v {
+		if err, ok := a.(error); ok && (errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)) {
+			ev = l.p.opts.Log.Debug()
+		}
+	}
+	ev.Msgf("metrics: %v", v)
+}
 
 // healthz answers 200 while the proxy takes traffic, 503 before its
 // replicas run (see Ready) and while it drains, as Serve's /-/healthz
