@@ -2,10 +2,14 @@ package proxy
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -150,5 +154,18 @@ func TestAdminRefusalsLoggedSparingly(t *testing.T) {
 	lines := strings.Count(logs.String(), "admin call refused")
 	if lines < 1 || lines > 3 { // 20 calls take well under a second or two here
 		t.Fatalf("%d log lines for 20 refused calls, want 1 (at most one a second)", lines)
+	}
+}
+
+// A scraper that hangs up is no error of the proxy's: Debug, not Error.
+func TestPromLoggerScraperGone(t *testing.T) {
+	var out strings.Builder
+	p := &Proxy{opts: Options{Log: zerolog.New(&out)}}
+	l := promLogger{p}
+	l.Println("error encoding and sending metric family:", &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", syscall.EPIPE)})
+	l.Println("error gathering metrics:", errors.New("collector failed"))
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], `"level":"debug"`) || !strings.Contains(lines[1], `"level":"error"`) {
+		t.Fatalf("log:\n%s\nwant the broken pipe at debug, the collector's failure at error", out.String())
 	}
 }
