@@ -57,6 +57,12 @@ type Env struct {
 	// connections, so that a load balancer polling it stops sending first;
 	// 0 (the default) closes the listeners at once.
 	DrainDelay time.Duration `env:"DRAIN_DELAY" envDefault:"0s"`
+	// ClientBodyTimeout, from PROXY_CLIENT_BODY_TIMEOUT (a Go duration, 0
+	// or more), is the longest wait for the next part of a request's body
+	// (nginx's client_body_timeout): a client that stalls its upload is
+	// answered 408 rather than hold its replica's slot; 60s by default, 0
+	// for no limit.
+	ClientBodyTimeout time.Duration `env:"CLIENT_BODY_TIMEOUT" envDefault:"60s"`
 	// MaxHeaderBytes, from PROXY_MAX_HEADER_BYTES (above 0), bounds a
 	// request's headers; 1MiB by default.
 	MaxHeaderBytes ByteSize `env:"MAX_HEADER_BYTES" envDefault:"1MiB"`
@@ -156,6 +162,7 @@ func ReadEnv(environ map[string]string) (Env, error) {
 	}
 	check("ReadHeaderTimeout", durationProblem(e.ReadHeaderTimeout, false))
 	check("DrainDelay", durationProblem(e.DrainDelay, true))
+	check("ClientBodyTimeout", durationProblem(e.ClientBodyTimeout, true))
 	if e.MaxHeaderBytes <= 0 {
 		check("MaxHeaderBytes", fmt.Sprintf("must be > 0, got %d", e.MaxHeaderBytes))
 	}

@@ -67,6 +67,10 @@ type Options struct {
 	RequestTimeout time.Duration
 	// MaxBodyBytes bounds request bodies (413 past it). Zero means no limit.
 	MaxBodyBytes int64
+	// ClientBodyTimeout, if above 0, bounds the wait for each part of a
+	// request's body: past it, the request is answered 408 and its
+	// connection closed (see trackedBody).
+	ClientBodyTimeout time.Duration
 	// Log receives the proxy's own events. The zero Logger logs nothing.
 	Log zerolog.Logger
 	// AccessLog, if not nil, receives one line per request, through a

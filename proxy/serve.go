@@ -87,6 +87,9 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 		// Not pooled with sw: a handler past its deadline may read it
 		// after the request.
 		sw.reqBody = &trackedBody{rc: body, length: r.ContentLength}
+		if rd, ok := w.(readDeadliner); ok && p.opts.ClientBodyTimeout > 0 {
+			sw.reqBody.timeout, sw.reqBody.setDeadline = p.opts.ClientBodyTimeout, rd.SetReadDeadline
+		}
 		sw.expect = r.Header["Expect"] != nil // net/http answered any but 100-continue
 		r.Body = sw.reqBody
 		// net/http decides whether the connection can be reused by the
@@ -342,6 +345,14 @@ func (p *Proxy) serveWithDeadline(ctx context.Context, h replica.Handle, release
 // finish decides a served request's status, answering for the replica when
 // it failed before writing anything.
 func (p *Proxy) finish(sw *statusWriter, r *http.Request, err error, abort bool) int {
+	if b := sw.reqBody; b != nil && b.timedOut.Load() && !sw.wroteHeader && sw.switchedAt.IsZero() {
+		// The client stalled its body: whatever its replica made of the
+		// failed read (the request's context ends with it), it is a 408,
+		// and the connection, its body half read, cannot go on.
+		sw.Header().Set("Connection", "close")
+		writeError(sw, http.StatusRequestTimeout, fmt.Sprintf("Request Timeout: no part of the request body came for %v (PROXY_CLIENT_BODY_TIMEOUT)", b.timeout))
+		return http.StatusRequestTimeout
+	}
 	if err != nil {
 		status := statusOf(err)
 		switched := !sw.switchedAt.IsZero()

@@ -2,9 +2,11 @@ package proxy
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,16 +36,36 @@ type statusWriter struct {
 type trackedBody struct {
 	rc     io.ReadCloser
 	length int64 // the request's ContentLength: -1 if unknown
-	// eof and closed are read by the handler's goroutine and written by
-	// the body reader's, which may be another.
-	eof, closed atomic.Bool
+	// timeout, if above 0, bounds each read from the client (see
+	// Options.ClientBodyTimeout) through setDeadline, the connection's
+	// read deadline.
+	timeout     time.Duration
+	setDeadline func(time.Time) error
+	// eof, closed and timedOut are read by the handler's goroutine and
+	// written by the body reader's, which may be another.
+	eof, closed, timedOut atomic.Bool
 }
+
+// readDeadliner is net/http's response writer, which sets its
+// connection's read deadline.
+type readDeadliner interface{ SetReadDeadline(time.Time) error }
 
 // Read implements io.Reader.
 func (b *trackedBody) Read(p []byte) (int, error) {
+	if b.timeout > 0 {
+		_ = b.setDeadline(time.Now().Add(b.timeout))
+	}
 	n, err := b.rc.Read(p)
-	if err == io.EOF {
+	switch {
+	case err == io.EOF:
 		b.eof.Store(true)
+		if b.timeout > 0 {
+			// net/http's own read for the client's leaving, which starts
+			// at the body's end, must not inherit it.
+			_ = b.setDeadline(time.Time{})
+		}
+	case err != nil && b.timeout > 0 && errors.Is(err, os.ErrDeadlineExceeded):
+		b.timedOut.Store(true)
 	}
 	return n, err
 }

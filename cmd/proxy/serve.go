@@ -81,16 +81,17 @@ func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path s
 	}
 	rl := newReloader(path, e, reg, cfg, apps, log)
 	p, err := proxy.New(proxy.Options{
-		Applications:   apps,
-		RequestTimeout: cfg.HTTPOptions.RequestTimeout(),
-		MaxBodyBytes:   int64(e.MaxBodyBytes),
-		Log:            log,
-		AccessLog:      accessLog,
-		LogFormat:      e.LogFormat,
-		LogOutput:      logOut,
-		GC:             gc,
-		AdminToken:     e.AdminToken,
-		Reload:         rl.Reload,
+		Applications:      apps,
+		RequestTimeout:    cfg.HTTPOptions.RequestTimeout(),
+		MaxBodyBytes:      int64(e.MaxBodyBytes),
+		ClientBodyTimeout: e.ClientBodyTimeout,
+		Log:               log,
+		AccessLog:         accessLog,
+		LogFormat:         e.LogFormat,
+		LogOutput:         logOut,
+		GC:                gc,
+		AdminToken:        e.AdminToken,
+		Reload:            rl.Reload,
 	})
 	if err != nil {
 		return err
