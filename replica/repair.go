@@ -231,13 +231,7 @@ func (d *Deployment) giveUserConfig(ctx context.Context, rs []Replica, why strin
 	if len(rs) == 0 || userConfig == nil {
 		return 0
 	}
-	ctx, cancel := context.WithTimeout(ctx, d.spec.HealthCheckTimeout)
-	defer cancel()
-	actors := make([]Actor, len(rs))
-	for i, r := range rs {
-		actors[i] = r
-	}
-	results := NewPool(actors...).Broadcast(ctx, Call{Method: MethodReconfigure, Payload: userConfig})
+	results := d.broadcastBounded(ctx, rs, Call{Method: MethodReconfigure, Payload: userConfig})
 	log := d.log()
 	failed := 0
 	var replace []Replica
@@ -305,13 +299,7 @@ func (d *Deployment) giveGC(ctx context.Context, rs []Replica, why string) {
 	if len(rs) == 0 || payload == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, d.spec.HealthCheckTimeout)
-	defer cancel()
-	actors := make([]Actor, len(rs))
-	for i, r := range rs {
-		actors[i] = r
-	}
-	results := NewPool(actors...).Broadcast(ctx, Call{Method: MethodSetGC, Payload: payload})
+	results := d.broadcastBounded(ctx, rs, Call{Method: MethodSetGC, Payload: payload})
 	log := d.log()
 	failed := 0
 	d.mu.Lock()
@@ -339,4 +327,16 @@ func (d *Deployment) giveGC(ctx context.Context, rs []Replica, why string) {
 		ev = log.Debug() // nothing new: the failures were said
 	}
 	ev.Str("replicas", why).Int("count", len(rs)).Int("failed", failed).Msg("GC settings of PUT /-/gc given to replicas that were not there for them")
+}
+
+// broadcastBounded sends c to rs, one batched broadcast bounded by
+// health_check_timeout_s, and returns their results in rs's order.
+func (d *Deployment) broadcastBounded(ctx context.Context, rs []Replica, c Call) []Result {
+	ctx, cancel := context.WithTimeout(ctx, d.spec.HealthCheckTimeout)
+	defer cancel()
+	actors := make([]Actor, len(rs))
+	for i, r := range rs {
+		actors[i] = r
+	}
+	return NewPool(actors...).Broadcast(ctx, c)
 }
