@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/serveproxy/serveproxy/replica"
@@ -90,6 +91,9 @@ func errorMessage(status int, err error) string {
 	case http.StatusGatewayTimeout:
 		return "Gateway Timeout: the replica did not answer in time"
 	case http.StatusRequestEntityTooLarge:
+		if tl, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return fmt.Sprintf("Request body too large: the limit is %d bytes (PROXY_MAX_BODY_BYTES)", tl.Limit)
+		}
 		return "Request body too large"
 	case http.StatusBadRequest:
 		return "Bad Request: " + err.Error()

@@ -194,7 +194,7 @@ func get(t *testing.T, url string, header ...string) (*http.Response, string) {
 		t.Fatal(err)
 	}
 	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
+		req.Header.Add(header[i], header[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -244,9 +244,10 @@ func TestRoutingAndOwnEndpoints(t *testing.T) {
 }
 
 func TestRequestID(t *testing.T) {
-	var seen atomic.Value
+	var seen, seenAll atomic.Value
 	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		seen.Store(r.Header.Get("X-Request-ID"))
+		seenAll.Store(strings.Join(r.Header.Values("X-Request-ID"), ","))
 	})})
 	resp, _ := get(t, tp.url+"/", "X-Request-ID", "abc-123")
 	if got := resp.Header.Get("X-Request-ID"); got != "abc-123" || seen.Load() != "abc-123" {
@@ -256,6 +257,11 @@ func TestRequestID(t *testing.T) {
 	id := resp.Header.Get("X-Request-ID")
 	if len(id) != 36 || seen.Load() != id {
 		t.Fatalf("generated id %q (replica saw %q), want a 36-character UUID seen by both", id, seen.Load())
+	}
+	// Two ids: the first is the request's, for the replica too.
+	resp, _ = get(t, tp.url+"/", "X-Request-ID", "first", "X-Request-ID", "second")
+	if got := strings.Join(resp.Header.Values("X-Request-ID"), ","); got != "first" || seenAll.Load() != "first" {
+		t.Fatalf("two ids: echoed %q, replica saw %q; want first alone for both", got, seenAll.Load())
 	}
 }
 
@@ -577,9 +583,10 @@ func TestLimits413And431(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 413 {
-		t.Fatalf("chunked big body: %d, want 413", resp.StatusCode)
+	if resp.StatusCode != 413 || !strings.Contains(string(b), "the limit is 1024 bytes") {
+		t.Fatalf("chunked big body: %d %q, want 413 naming the limit", resp.StatusCode, b)
 	}
 	resp, _ = get(t, tp.url+"/", "X-Big", strings.Repeat("y", 64<<10))
 	if resp.StatusCode != 431 {

@@ -77,6 +77,9 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	if len(ids) == 0 || ids[0] == "" {
 		ids = []string{newRequestID()}
 		r.Header[requestIDHeader] = ids // the replica sees it too
+	} else if len(ids) > 1 {
+		ids = ids[:1:1]
+		r.Header[requestIDHeader] = ids // the one echoed and logged, alone
 	}
 	id := ids[0]
 	w.Header()[requestIDHeader] = ids[:1:1] // shared with the request, never appended to
@@ -211,7 +214,7 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 	if limit := p.opts.MaxBodyBytes; limit > 0 && r.Body != http.NoBody && r.Body != nil {
 		if r.ContentLength > limit {
 			res.status = http.StatusRequestEntityTooLarge
-			writeError(sw, res.status, fmt.Sprintf("Request body too large: %d bytes, the limit is %d", r.ContentLength, limit))
+			writeError(sw, res.status, fmt.Sprintf("Request body too large: %d bytes, the limit is %d (PROXY_MAX_BODY_BYTES)", r.ContentLength, limit))
 			return res
 		}
 		r.Body = http.MaxBytesReader(sw, r.Body, limit)

@@ -116,12 +116,13 @@ func NewEcho(userConfig json.RawMessage) (Handler, error) {
 func (Echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		status := http.StatusBadRequest
+		status, msg := http.StatusBadRequest, "reading request body: "+err.Error()
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
 			status = http.StatusRequestEntityTooLarge
+			msg = fmt.Sprintf("reading request body: too large: the limit is %d bytes", tooLarge.Limit)
 		}
-		http.Error(w, "reading request body: "+err.Error(), status)
+		http.Error(w, msg, status)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
