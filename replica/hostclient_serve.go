@@ -127,7 +127,7 @@ func (r *hostReplica) Serve(w http.ResponseWriter, req *http.Request) error {
 	// giveBack lets a retry on another replica read the body again.
 	giveBack := func() {
 		if whole != nil {
-			req.Body = &replayBody{kept: *whole, rest: req.Body}
+			req.Body = newReplayBody(*whole, req.Body)
 			whole = nil
 		}
 	}

@@ -598,7 +598,7 @@ func (b *bodyGuard) detach() (untouched, replayable bool) {
 // rewindInto sets r.Body to give the kept bytes again before the rest; the
 // guard must be detached and replayable.
 func (b *bodyGuard) rewindInto(r *http.Request) {
-	r.Body = &replayBody{kept: b.kept, rest: b.rc}
+	r.Body = newReplayBody(b.kept, b.rc)
 }
 
 // replayBody is a request body given again: the bytes already read, then
@@ -606,6 +606,18 @@ func (b *bodyGuard) rewindInto(r *http.Request) {
 type replayBody struct {
 	kept []byte
 	rest io.ReadCloser
+}
+
+// newReplayBody gives kept, the bytes read from rest, again before the
+// rest. A rest that is itself a replay read past its own kept bytes is
+// dropped from the chain (kept has them): a request refused round after
+// round (see the proxy's back-off) would otherwise hold one more copy of
+// its body per refusal.
+func newReplayBody(kept []byte, rest io.ReadCloser) *replayBody {
+	if prev, ok := rest.(*replayBody); ok && len(prev.kept) == 0 {
+		rest = prev.rest
+	}
+	return &replayBody{kept: kept, rest: rest}
 }
 
 // Read implements io.Reader.
