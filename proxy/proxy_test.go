@@ -517,6 +517,11 @@ func TestDotSegments400(t *testing.T) {
 		{"/a/%2e%2e/b", http.StatusBadRequest},
 		{"/a/.%2E/b", http.StatusBadRequest},
 		{"/a/..%2fb", http.StatusBadRequest},
+		{"/a/..;/b", http.StatusBadRequest},
+		{"/a/..;x=1/b", http.StatusBadRequest},
+		{"/a/..%5cb", http.StatusBadRequest},
+		{`/a/..\b`, http.StatusBadRequest},
+		{"/a/x;y/..z", http.StatusOK},
 		{"/a/..x/.y/x..", http.StatusOK},
 		{"/a/...", http.StatusOK},
 	} {

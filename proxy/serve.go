@@ -128,16 +128,19 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 }
 
 // hasDotSegment reports whether path (decoded, so %2e%2e counts) has a
-// "." or ".." segment.
+// "." or ".." segment. Segments end at a '\' too (%5c: IIS and others
+// take it for '/'), and a segment's ";parameters" do not count (Tomcat
+// and Spring resolve "..;x" as "..").
 func hasDotSegment(path string) bool {
 	for len(path) > 0 {
-		i := strings.IndexByte(path, '/')
+		i := strings.IndexAny(path, `/\`)
 		seg := path
 		if i >= 0 {
 			seg, path = path[:i], path[i+1:]
 		} else {
 			path = ""
 		}
+		seg, _, _ = strings.Cut(seg, ";")
 		if seg == "." || seg == ".." {
 			return true
 		}
@@ -182,14 +185,9 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 		return result{status: http.StatusBadRequest}
 	}
 	if r.RequestURI == "*" {
-		// The asterisk form is the server's, not a resource's: an
-		// OPTIONS about the proxy itself, or nothing any replica should
-		// get (h2c's "PRI *" preface among them).
-		if r.Method == http.MethodOptions {
-			sw.Header().Set("Content-Length", "0")
-			sw.WriteHeader(http.StatusOK)
-			return result{status: http.StatusOK}
-		}
+		// The asterisk form is the server's, not a resource's: nothing
+		// any replica should get (h2c's "PRI *" preface among them).
+		// net/http answers OPTIONS * itself, before the handler.
 		writeError(sw, http.StatusBadRequest, "Bad Request: the request target '*' is only for OPTIONS")
 		return result{status: http.StatusBadRequest}
 	}
