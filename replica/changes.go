@@ -248,19 +248,49 @@ func (d *Deployment) retireGoneLocked(gone []Replica, note string) {
 // of, at once, and adds their replicas to routing (given the user_config
 // first). It returns each target's error. control must be held.
 func (d *Deployment) connectTargets(fresh []string) []error {
+	conns, errs := d.dialTargets(fresh)
+	return d.addTargets(fresh, conns, errs)
+}
+
+// dialTargets connects fresh at once, so that a target that does not
+// answer (a replica host still starting, say) costs the others no wait.
+// It needs no lock.
+func (d *Deployment) dialTargets(fresh []string) ([][]Replica, []error) {
 	errs := make([]error, len(fresh))
-	if len(fresh) == 0 {
-		return errs
-	}
-	// At once, so that a target that does not answer (a replica host
-	// still starting, say) costs the others no wait.
 	conns := make([][]Replica, len(fresh))
 	var wg sync.WaitGroup
 	for i, t := range fresh {
 		wg.Go(func() { conns[i], errs[i] = d.connect(d.ctx, t) })
 	}
 	wg.Wait()
+	return conns, errs
+}
 
+// dropConns stops replicas dialled but not taken.
+func (d *Deployment) dropConns(conns [][]Replica) {
+	d.mu.Lock()
+	for _, rs := range conns {
+		for _, r := range rs {
+			delete(d.targets, r)
+		}
+	}
+	d.mu.Unlock()
+	for _, rs := range conns {
+		for _, r := range rs {
+			if s, ok := r.(Stopper); ok {
+				_ = s.Stop(d.ctx)
+			}
+		}
+	}
+}
+
+// addTargets adds the replicas dialTargets connected for fresh to
+// routing, given the user_config first, and returns each target's error.
+// control must be held.
+func (d *Deployment) addTargets(fresh []string, conns [][]Replica, errs []error) []error {
+	if len(fresh) == 0 {
+		return errs
+	}
 	var clashed, joining []Replica
 	d.mu.Lock()
 	taken := make(map[string]bool, len(d.replicas)+len(d.retired))

@@ -749,3 +749,35 @@ func TestTimedOutThenFailedReconfigureIsReplaced(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A list target that does not answer, retried at each health check, is
+// dialled without the deployment's control lock: a reconfigure, reload or
+// scale waits for no connect of it (found by review: a Reconfigure had
+// waited out the whole connect).
+func TestDeadListTargetHoldsNoControl(t *testing.T) {
+	const hang = 2 * time.Second // stands for hostConnectTimeout (10 s)
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"}, HealthCheckPeriod: 20 * time.Millisecond,
+		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			if target == "dead" {
+				select {
+				case <-time.After(hang):
+				case <-ctx.Done():
+				}
+				return nil, errors.New("no connection before the deadline")
+			}
+			return []Replica{NewLocal(id, noop{}, 1, onRelease)}, nil
+		}})
+	_ = d.SetTargets([]string{"a", "dead"}) // waits hang once: expected
+	time.Sleep(200 * time.Millisecond)      // a repair pass is connecting "dead" now
+	var worst time.Duration
+	for range 3 {
+		start := time.Now()
+		_, _ = d.Reconfigure(context.Background(), json.RawMessage(`{}`)) // needs control only briefly
+		worst = max(worst, time.Since(start))
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("a Reconfigure took up to %v", worst)
+	if worst > hang/2 {
+		t.Errorf("Reconfigure waited %v on a repair pass's connect of a dead list target", worst)
+	}
+}

@@ -152,19 +152,21 @@ func (d *Deployment) renewTarget(ctx context.Context, target string) bool {
 		}
 	}
 
+	// Dialled without control: a target that does not answer (its
+	// connect waits out a timeout at every health check) must hold up no
+	// reload, reconfigure or scale.
+	conns, errs := d.dialTargets([]string{target})
 	d.control.Lock()
 	defer d.control.Unlock()
-	if d.stopped {
-		return false
-	}
 	d.mu.Lock()
 	connected := slices.ContainsFunc(d.replicas, func(r Replica) bool { return d.targets[r] == target })
 	wanted = d.want[target]
 	d.mu.Unlock()
-	if !wanted || connected {
-		return false // a list or discovery answer took it meanwhile
+	if d.stopped || !wanted || connected {
+		d.dropConns(conns) // a list or discovery answer took it meanwhile, or left it
+		return false
 	}
-	err := d.connectTargets([]string{target})[0]
+	err := d.addTargets([]string{target}, conns, errs)[0]
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.unconnected = slices.DeleteFunc(d.unconnected, func(te TargetError) bool { return te.Target == target })
