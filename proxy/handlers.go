@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/rs/zerolog"
 )
 
 // Handler returns the public handler: the proxy's own /-/healthz and
@@ -106,13 +107,13 @@ type promLogger struct{ p *Proxy }
 // answer was written (a broken pipe, a reset) is no error of the proxy's:
 // it is logged at Debug.
 func (l promLogger) Println(v ...any) {
-	ev := l.p.opts.Log.Error()
+	level := zerolog.ErrorLevel
 	for _, a := range v {
 		if err, ok := a.(error); ok && (errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)) {
-			ev = l.p.opts.Log.Debug()
+			level = zerolog.DebugLevel
 		}
 	}
-	ev.Msgf("metrics: %v", v)
+	l.p.opts.Log.WithLevel(level).Msgf("metrics: %v", v)
 }
 
 // healthz answers 200 while the proxy takes traffic, 503 before its

@@ -212,7 +212,7 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 	if limit := p.opts.MaxBodyBytes; limit > 0 && r.Body != http.NoBody && r.Body != nil {
 		if r.ContentLength > limit {
 			res.status = http.StatusRequestEntityTooLarge
-			writeError(sw, res.status, fmt.Sprintf("Request body too large: %d bytes, the limit is %d (PROXY_MAX_BODY_BYTES)", r.ContentLength, limit))
+			writeError(sw, res.status, fmt.Sprintf("Request body too large: %d bytes, the limit is %d bytes (PROXY_MAX_BODY_BYTES)", r.ContentLength, limit))
 			return res
 		}
 		r.Body = http.MaxBytesReader(sw, r.Body, limit)

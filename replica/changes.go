@@ -176,6 +176,11 @@ func (d *Deployment) SetTargets(targets []string) error {
 	}
 	d.mu.Lock()
 	d.want = want
+	for t := range d.renewWarned {
+		if !want[t] {
+			delete(d.renewWarned, t) // gone from the list: no failure to remember
+		}
+	}
 	have := make(map[string]bool, len(d.replicas))
 	var gone []Replica
 	for _, r := range d.replicas {
