@@ -63,6 +63,12 @@ type Env struct {
 	// answered 408 rather than hold its replica's slot; 60s by default, 0
 	// for no limit.
 	ClientBodyTimeout time.Duration `env:"CLIENT_BODY_TIMEOUT" envDefault:"60s"`
+	// ClientSendTimeout, from PROXY_CLIENT_SEND_TIMEOUT (a Go duration, 0
+	// or more), is the longest a client may take no part of a response
+	// being written to it (nginx's send_timeout): past it the client is
+	// taken for gone (499) and its connection closed, rather than hold
+	// its replica's slot; 60s by default, 0 for no limit.
+	ClientSendTimeout time.Duration `env:"CLIENT_SEND_TIMEOUT" envDefault:"60s"`
 	// MaxHeaderBytes, from PROXY_MAX_HEADER_BYTES (above 0), bounds a
 	// request's headers; 1MiB by default.
 	MaxHeaderBytes ByteSize `env:"MAX_HEADER_BYTES" envDefault:"1MiB"`
@@ -163,6 +169,7 @@ func ReadEnv(environ map[string]string) (Env, error) {
 	check("ReadHeaderTimeout", durationProblem(e.ReadHeaderTimeout, false))
 	check("DrainDelay", durationProblem(e.DrainDelay, true))
 	check("ClientBodyTimeout", durationProblem(e.ClientBodyTimeout, true))
+	check("ClientSendTimeout", durationProblem(e.ClientSendTimeout, true))
 	if e.MaxHeaderBytes <= 0 {
 		check("MaxHeaderBytes", fmt.Sprintf("must be > 0, got %d", e.MaxHeaderBytes))
 	}

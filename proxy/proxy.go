@@ -71,6 +71,12 @@ type Options struct {
 	// request's body: past it, the request is answered 408 and its
 	// connection closed (see trackedBody).
 	ClientBodyTimeout time.Duration
+	// ClientSendTimeout, if above 0, bounds each write of a response to
+	// its client once the response is larger than net/http buffers, or
+	// flushed: a client that takes no part of it for that long is taken
+	// for gone (499), its connection closed, and its replica's slot freed
+	// (see statusWriter.armSend).
+	ClientSendTimeout time.Duration
 	// Log receives the proxy's own events. The zero Logger logs nothing.
 	Log zerolog.Logger
 	// AccessLog, if not nil, receives one line per request, through a

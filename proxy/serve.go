@@ -63,6 +63,9 @@ type result struct {
 	// cut is set when the proxy cut the request at the graceful shutdown
 	// timeout: its 503 is no error of the replica's.
 	cut bool
+	// sendTimedOut is set when the client read none of the response for
+	// the send timeout (a 499, its connection closed).
+	sendTimedOut bool
 }
 
 // serveApp is the request path of every application route.
@@ -86,6 +89,7 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 
 	sw := getStatusWriter(w, &p.hijacks)
 	defer putStatusWriter(sw)
+	sw.sendTimeout = p.opts.ClientSendTimeout
 	if body := r.Body; body != nil && body != http.NoBody {
 		// Not pooled with sw: a handler past its deadline may read it
 		// after the request.
@@ -101,6 +105,15 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 		defer func() { r.Body = body }()
 	}
 	res := p.route(sw, r, start)
+	if sw.sendArmed && !res.abort && sw.switchedAt.IsZero() {
+		sw.endSend()
+	}
+	if sw.sendTimedOut() {
+		// Its client took no part of the response for the timeout: gone,
+		// as far as its replica is concerned, whose slot is free.
+		res.status, res.sendTimedOut = StatusClientClosedRequest, true
+		res.err = fmt.Errorf("the client took no part of the response for %v (PROXY_CLIENT_SEND_TIMEOUT): %w", sw.sendTimeout, sw.writeErr)
+	}
 	res.end = time.Now()
 	res.switchedAt = sw.switchedAt
 	if res.status == StatusClientClosedRequest && p.cut.Load() {
@@ -376,6 +389,12 @@ func (p *Proxy) finish(sw *statusWriter, r *http.Request, err error, abort bool)
 		}
 		return status
 	}
+	if sw.writeErr != nil && r.Context().Err() != nil {
+		// The response began, but its connection broke (net/http ends
+		// the request's context with it): the client did not get it,
+		// whatever status it began with.
+		return StatusClientClosedRequest
+	}
 	if ctxErr := r.Context().Err(); !sw.wroteHeader && ctxErr != nil {
 		// The handler gave up on a request whose client left (499: nothing
 		// is written) or whose deadline passed (408).
@@ -439,8 +458,10 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 		Int("status", res.status).
 		RawJSON("latency_ms", appendMillis(buf[:0], elapsed)).
 		Str("replica", replicaID)
-	if res.err != nil && (res.status >= 500 || res.status == http.StatusSwitchingProtocols) {
-		e.Str("error", clipped(res.err.Error())) // why: a replica's 500, 502 or 504, a WebSocket's replica gone
+	if res.err != nil && (res.status >= 500 || res.status == http.StatusSwitchingProtocols || res.sendTimedOut) {
+		// Why: a replica's 500, 502 or 504, a WebSocket's replica gone, a
+		// client that stopped reading.
+		e.Str("error", clipped(res.err.Error()))
 	}
 	e.Msg("")
 }

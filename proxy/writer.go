@@ -29,6 +29,51 @@ type statusWriter struct {
 	// switchedAt is when one did.
 	hijacks    *hijackedConns
 	switchedAt time.Time
+	// sendTimeout, if above 0, bounds each write to the client once the
+	// response is past what net/http buffers (see armSend); sent counts
+	// the body's bytes so far, sendArmed is set once the connection's
+	// write deadline is, and writeErr is the first failed write.
+	sendTimeout time.Duration
+	sent        int
+	sendArmed   bool
+	writeErr    error
+}
+
+// writeDeadliner is net/http's response writer, which sets its
+// connection's write deadline.
+type writeDeadliner interface{ SetWriteDeadline(time.Time) error }
+
+// bufferedBody is how much of a response body net/http holds before any
+// of it goes to the socket (its bufferBeforeChunkingSize): a response no
+// longer than that, never flushed, cannot block its handler on a client
+// that does not read, and pays nothing for the send timeout.
+const bufferedBody = 2048
+
+// armSend sets the connection's write deadline sendTimeout from now, for
+// the write about to be made: a client that takes no part of the
+// response for that long is taken for gone (nginx's send_timeout), and
+// the handler's write fails rather than hold its replica's slot.
+func (sw *statusWriter) armSend() {
+	if wd, ok := sw.w.(writeDeadliner); ok {
+		_ = wd.SetWriteDeadline(time.Now().Add(sw.sendTimeout))
+		sw.sendArmed = true
+	}
+}
+
+// endSend is called once the handler is done with a response whose writes
+// were bounded: what net/http still buffers goes out under the deadline,
+// so that a client that stops reading at the response's very end is
+// recorded as one. (net/http clears the deadline once the response is
+// out: the next request on the connection does not inherit it.)
+func (sw *statusWriter) endSend() {
+	if sw.writeErr == nil {
+		_ = sw.FlushError()
+	}
+}
+
+// sendTimedOut reports whether a write failed at the send timeout.
+func (sw *statusWriter) sendTimedOut() bool {
+	return sw.sendArmed && sw.writeErr != nil && errors.Is(sw.writeErr, os.ErrDeadlineExceeded)
 }
 
 // trackedBody is a request body that records whether it was read to its
@@ -147,18 +192,42 @@ func (sw *statusWriter) Write(b []byte) (int, error) {
 		sw.status, sw.wroteHeader = http.StatusOK, true
 		sw.closeIfBodyLeft()
 	}
-	return sw.w.Write(b)
+	if sw.sendTimeout > 0 {
+		if sw.sent += len(b); sw.sent > bufferedBody {
+			sw.armSend()
+		}
+	}
+	n, err := sw.w.Write(b)
+	if err != nil && sw.writeErr == nil {
+		sw.writeErr = err
+	}
+	return n, err
 }
 
 // Flush implements http.Flusher, so that streamed responses stream.
-func (sw *statusWriter) Flush() {
+func (sw *statusWriter) Flush() { _ = sw.FlushError() }
+
+// FlushError is Flush with the error of the write it made (net/http's
+// own, which http.ResponseController.Flush finds here).
+func (sw *statusWriter) FlushError() error {
 	if !sw.wroteHeader {
 		sw.status, sw.wroteHeader = http.StatusOK, true
 		sw.closeIfBodyLeft()
 	}
-	if f, ok := sw.w.(http.Flusher); ok {
+	if sw.sendTimeout > 0 {
+		sw.armSend()
+	}
+	var err error
+	switch f := sw.w.(type) {
+	case interface{ FlushError() error }:
+		err = f.FlushError()
+	case http.Flusher:
 		f.Flush()
 	}
+	if err != nil && sw.writeErr == nil {
+		sw.writeErr = err
+	}
+	return err
 }
 
 // EnableFullDuplex lets the handler read the request body while it writes

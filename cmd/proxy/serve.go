@@ -85,6 +85,7 @@ func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path s
 		RequestTimeout:    cfg.HTTPOptions.RequestTimeout(),
 		MaxBodyBytes:      int64(e.MaxBodyBytes),
 		ClientBodyTimeout: e.ClientBodyTimeout,
+		ClientSendTimeout: e.ClientSendTimeout,
 		Log:               log,
 		AccessLog:         accessLog,
 		LogFormat:         e.LogFormat,
