@@ -3,6 +3,7 @@ package replica
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -83,6 +84,11 @@ func (d *Deployment) newReplica(ctx context.Context, userConfig json.RawMessage)
 			defer cancel()
 		}
 		r, err = d.spec.Start(ctx, id, d.hooks.OnRelease)
+		if err != nil && d.spec.HealthCheckTimeout > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) && errors.Is(err, context.DeadlineExceeded) {
+			// Say which setting gave up: a slow start (a model that
+			// loads for a minute) needs a larger one.
+			err = fmt.Errorf("%w; a replica's start is bounded by health_check_timeout_s (%v)", err, d.spec.HealthCheckTimeout)
+		}
 	} else {
 		var h Handler
 		if h, err = d.spec.Factory(userConfig); err == nil {

@@ -364,6 +364,26 @@ func TestCommandCrashAtStart(t *testing.T) {
 	wantMetric(t, c, p, `serve_deployment_healthy_replicas{application="ok",deployment="ok"} 1`)
 }
 
+// A replica process that never answers its health check is given up on at
+// health_check_timeout_s, and the log line says that is the setting that
+// bounds a start (a slow-loading model needs a larger one).
+func TestCommandNeverHealthyNamesTheTimeout(t *testing.T) {
+	path := writeConfig(t, `applications:
+  - name: slow
+    route_prefix: /
+    deployments:
+      - name: slow
+        handler: command
+        command: [sleep, "30"]
+        health_check_timeout_s: 1
+        max_constructor_retry_count: 1
+`)
+	p := startProxyUnhealthy(t, path)
+	if !p.waitLogged("a replica's start is bounded by health_check_timeout_s (1s)", 30*time.Second) {
+		t.Fatal("no log line names health_check_timeout_s as what gave up")
+	}
+}
+
 // wantMetric checks that p's /metrics has the line sample.
 func wantMetric(t *testing.T, c *http.Client, p *proc, sample string) {
 	t.Helper()
