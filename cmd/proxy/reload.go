@@ -190,7 +190,7 @@ func (rl *reloader) plan(next *config.Config) (changes []change, restart []strin
 		needs("http_options."+f, "changed")
 	}
 	if len(next.Applications) != len(cur.Applications) {
-		needs("applications", fmt.Sprintf("%d applications in the file, %d running", len(next.Applications), len(cur.Applications)))
+		needs("applications", fmt.Sprintf("%d applications in the file, %d running%s", len(next.Applications), len(cur.Applications), appsDiff(cur, next)))
 		return nil, restart
 	}
 	// Applications are known by name, as in Serve: their order in the
@@ -243,6 +243,31 @@ func (rl *reloader) plan(next *config.Config) (changes []change, restart []strin
 		return nil, restart
 	}
 	return changes, nil
+}
+
+// appsDiff names the applications next adds to cur and those it removes,
+// as ": adds "b"; removes "c"" (empty if it does neither).
+func appsDiff(cur, next *config.Config) string {
+	missing := func(from, in *config.Config) []string {
+		var names []string
+		for _, a := range from.Applications {
+			if !slices.ContainsFunc(in.Applications, func(b config.Application) bool { return b.Name == a.Name }) {
+				names = append(names, strconv.Quote(a.Name))
+			}
+		}
+		return names
+	}
+	var parts []string
+	if added := missing(next, cur); len(added) > 0 {
+		parts = append(parts, "adds "+strings.Join(added, ", "))
+	}
+	if removed := missing(cur, next); len(removed) > 0 {
+		parts = append(parts, "removes "+strings.Join(removed, ", "))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(parts, "; ")
 }
 
 // appNames lists c's application names, quoted.

@@ -150,6 +150,17 @@ func TestReload(t *testing.T) {
 		t.Errorf("a refused reload changed the upstreams: %d, want 2", u)
 	}
 
+	// An application added: refused, and the problem names it.
+	rewrite(reloadConfig("three", 3, []string{h1.addr}, "") + `  - name: extra
+    route_prefix: /extra
+    deployments:
+      - {name: e, handler: static}
+`)
+	status, res = postReload(t, c, p)
+	if status != http.StatusConflict || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], `3 applications in the file, 2 running: adds "extra"`) {
+		t.Errorf("reload adding an application: %d %+v, want 409 naming it", status, res)
+	}
+
 	// A file with a problem: refused, the problem named.
 	rewrite(reloadConfig("three", 3, []string{h1.addr}, "        max_ongoing: 10\n"))
 	status, res = postReload(t, c, p)
