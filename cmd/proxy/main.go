@@ -228,21 +228,34 @@ func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Confi
 			}
 		}
 	}
+	// The listeners' clash too, with the file's other problems: -check
+	// lists every one at once.
+	var clash error
+	if e.HTTPAddr != "" { // the environment's, not the file's
+		if err := listenClash(e.HTTPAddr, e.AdminAddr); err != nil {
+			clash = fmt.Errorf("PROXY_HTTP_ADDR: %s: %w", e.HTTPAddr, err)
+		}
+	} else if !failed["http_options"] && !failed["http_options.host"] && !failed["http_options.port"] {
+		if err := listenClash(httpAddr(cfg), e.AdminAddr); err != nil {
+			found = append(found, fieldError(cfg, path, "http_options.port", err))
+		}
+	}
 	if len(found) > 0 {
 		slices.SortStableFunc(found, func(a, b config.FieldError) int { return cmp.Compare(a.Line, b.Line) })
-		return nil, splitErrors(found)
+		errs := splitErrors(found)
+		if clash != nil {
+			errs = append(errs, clash)
+		}
+		return nil, errs
+	}
+	if clash != nil {
+		return nil, []error{clash}
 	}
 	if err := e.Apply(cfg); err != nil {
 		return nil, []error{fmt.Errorf("environment: %w", err)}
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, splitErrors(err)
-	}
-	if err := listenClash(httpAddr(cfg), e.AdminAddr); err != nil {
-		if e.HTTPAddr != "" { // the environment's, not the file's
-			return nil, []error{fmt.Errorf("PROXY_HTTP_ADDR: %s: %w", e.HTTPAddr, err)}
-		}
-		return nil, []error{fieldError(cfg, path, "http_options.port", err)}
 	}
 	return cfg, nil
 }
