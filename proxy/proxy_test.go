@@ -642,12 +642,13 @@ func TestAccessLogLine(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"time", "request_id", "method", "path", "status", "latency_ms", "application", "route", "deployment", "replica"} {
+	for _, k := range []string{"time", "request_id", "method", "path", "status", "bytes", "latency_ms", "application", "route", "deployment", "replica", "remote_addr"} {
 		if _, ok := line[k]; !ok {
 			t.Errorf("access log line lacks %q: %v", k, line)
 		}
 	}
-	if line["path"] != "/x" || line["status"] != float64(200) {
+	if line["path"] != "/x" || line["status"] != float64(200) || line["bytes"] != float64(2) ||
+		!strings.HasPrefix(line["remote_addr"].(string), "127.0.0.1:") {
 		t.Fatalf("access log line = %v", line)
 	}
 }

@@ -66,6 +66,8 @@ type result struct {
 	// sendTimedOut is set when the client read none of the response for
 	// the send timeout (a 499, its connection closed).
 	sendTimedOut bool
+	// bytes is how much of the response body was written.
+	bytes int
 }
 
 // serveApp is the request path of every application route.
@@ -116,6 +118,7 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	}
 	res.end = time.Now()
 	res.switchedAt = sw.switchedAt
+	res.bytes = sw.sent
 	if res.status == StatusClientClosedRequest && p.cut.Load() {
 		res.status, res.cut = http.StatusServiceUnavailable, true // see Proxy.cut
 		res.err = errCutAtShutdown
@@ -456,8 +459,10 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 		Str("method", r.Method).
 		Str("path", clipped(r.URL.Path)).
 		Int("status", res.status).
+		Int("bytes", res.bytes).
 		RawJSON("latency_ms", appendMillis(buf[:0], elapsed)).
-		Str("replica", replicaID)
+		Str("replica", replicaID).
+		Str("remote_addr", r.RemoteAddr)
 	if res.err != nil && (res.status >= 500 || res.status == http.StatusSwitchingProtocols || res.sendTimedOut) {
 		// Why: a replica's 500, 502 or 504, a WebSocket's replica gone, a
 		// client that stopped reading.

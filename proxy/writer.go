@@ -29,10 +29,11 @@ type statusWriter struct {
 	// switchedAt is when one did.
 	hijacks    *hijackedConns
 	switchedAt time.Time
-	// sendTimeout, if above 0, bounds each write to the client once the
-	// response is past what net/http buffers (see armSend); sent counts
-	// the body's bytes so far, sendArmed is set once the connection's
-	// write deadline is, and writeErr is the first failed write.
+	// sent counts the body's bytes written (for the access log, and the
+	// send timeout; net/http takes, and drops, a HEAD's). sendTimeout, if above 0, bounds each write to the
+	// client once the response is past what net/http buffers (see
+	// armSend); sendArmed is set once the connection's write deadline is,
+	// and writeErr is the first failed write.
 	sendTimeout time.Duration
 	sent        int
 	sendArmed   bool
@@ -192,12 +193,11 @@ func (sw *statusWriter) Write(b []byte) (int, error) {
 		sw.status, sw.wroteHeader = http.StatusOK, true
 		sw.closeIfBodyLeft()
 	}
-	if sw.sendTimeout > 0 {
-		if sw.sent += len(b); sw.sent > bufferedBody {
-			sw.armSend()
-		}
+	if sw.sendTimeout > 0 && sw.sent+len(b) > bufferedBody {
+		sw.armSend()
 	}
 	n, err := sw.w.Write(b)
+	sw.sent += n
 	if err != nil && sw.writeErr == nil {
 		sw.writeErr = err
 	}
