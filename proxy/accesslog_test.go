@@ -27,7 +27,10 @@ func (g *gate) Write(p []byte) (int, error) {
 func TestAsyncWriterKeepsOrderAndFlushes(t *testing.T) {
 	var out syncBuffer
 	w := newAsyncWriter(&out, nil)
-	const n = 5000 // several buffers' worth
+	// Several buffers' worth, but fewer than all of them hold: on a busy
+	// machine the writer's goroutine may not run until Close, and lines
+	// past that are dropped by design (5000 lines flaked so).
+	const n = 3000
 	for i := range n {
 		fmt.Fprintf(w, "line %06d %s\n", i, strings.Repeat("x", 40))
 	}

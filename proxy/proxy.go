@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,8 +36,10 @@ type Deployment struct {
 }
 
 // NewDeployment builds a deployment's replicas and its scheduler, wired so
-// that every freed slot reaches the scheduler's waiters. maxQueued < 0
-// means no limit. ctx bounds the first starts (see replica.NewDeployment).
+// that every freed slot reaches the scheduler's waiters. maxQueued is
+// max_queued_requests: < 0 means no limit (Serve's default, -1), and 0
+// that no request waits: one that finds every replica full is shed with
+// 503 at once. ctx bounds the first starts (see replica.NewDeployment).
 func NewDeployment(ctx context.Context, spec replica.DeploymentSpec, maxQueued int, log zerolog.Logger) (*Deployment, error) {
 	s := router.NewScheduler(nil, maxQueued)
 	d, err := replica.NewDeployment(ctx, spec, replica.Hooks{
@@ -53,8 +56,13 @@ func NewDeployment(ctx context.Context, spec replica.DeploymentSpec, maxQueued i
 // Application is a set of deployments served under one route prefix; the
 // first deployment is the ingress, which receives the HTTP requests.
 type Application struct {
-	Name        string
+	// Name is the application's, in logs, metrics and /-/routes.
+	Name string
+	// RoutePrefix is where it is served: "/" or a path that starts with
+	// "/" and does not end with one (the config's default is "/"; here
+	// there is none).
 	RoutePrefix string
+	// Deployments are the application's, the ingress first; none is nil.
 	Deployments []*Deployment
 }
 
@@ -180,8 +188,14 @@ func New(opts Options) (*Proxy, error) {
 	}
 	var routes []router.Route
 	for _, app := range opts.Applications {
+		if app == nil {
+			return nil, errors.New("an application is nil")
+		}
 		if len(app.Deployments) == 0 {
 			return nil, fmt.Errorf("application %q has no deployments", app.Name)
+		}
+		if i := slices.Index(app.Deployments, nil); i >= 0 {
+			return nil, fmt.Errorf("application %q: deployment %d is nil", app.Name, i)
 		}
 		p.deployments = append(p.deployments, app.Deployments...)
 		ingress := app.Deployments[0]

@@ -1110,3 +1110,20 @@ func TestDoomedReplicaBackKeepsItsSeries(t *testing.T) {
 		t.Fatalf("replica %s, back, lost its series", id)
 	}
 }
+
+// New refuses applications it cannot serve with an error, rather than
+// crash on a nil deployment (found by a tester using the Go API).
+func TestNewRefusesMissingParts(t *testing.T) {
+	for _, c := range []struct {
+		apps []*Application
+		want string
+	}{
+		{[]*Application{nil}, "an application is nil"},
+		{[]*Application{{Name: "a", RoutePrefix: "/"}}, `application "a" has no deployments`},
+		{[]*Application{{Name: "a", RoutePrefix: "/", Deployments: []*Deployment{nil}}}, `application "a": deployment 0 is nil`},
+	} {
+		if _, err := New(Options{Applications: c.apps}); err == nil || err.Error() != c.want {
+			t.Errorf("New: %v, want %q", err, c.want)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,15 +16,34 @@ import (
 
 // DeploymentSpec is what a deployment controller needs to run a deployment:
 // the config's deployment, resolved to a factory and durations.
+//
+// It has no defaults: the config package gives a file's deployments
+// Serve's, and NewDeployment refuses a spec that Validate does.
 type DeploymentSpec struct {
-	App                     string
-	Name                    string
-	Factory                 Factory // builds each in-process replica's handler
-	UserConfig              json.RawMessage
-	NumReplicas             int
-	MaxOngoingRequests      int
-	HealthCheckPeriod       time.Duration
-	HealthCheckTimeout      time.Duration
+	// App and Name are the application's and the deployment's names, for
+	// logs, metrics and errors; neither may be empty.
+	App  string
+	Name string
+	// Factory builds each in-process replica's handler; it is required
+	// unless Start or Connect builds the replicas.
+	Factory Factory
+	// UserConfig is given to Factory and to every replica's Reconfigure;
+	// nil for none.
+	UserConfig json.RawMessage
+	// NumReplicas is how many replicas Factory or Start builds (0 or
+	// more; Serve's default is 1). Connect's follow Targets instead.
+	NumReplicas int
+	// MaxOngoingRequests is each replica's limit of requests at once: 1
+	// or more (Serve's default is 5). A replica never exceeds it.
+	MaxOngoingRequests int
+	// HealthCheckPeriod is how often every replica is health-checked
+	// (Serve's default is 10 s); 0 checks none.
+	HealthCheckPeriod time.Duration
+	// HealthCheckTimeout bounds each health check, and a started
+	// replica's wait to become healthy: above 0 (Serve's default is 30 s).
+	HealthCheckTimeout time.Duration
+	// GracefulShutdownTimeout is how long a stopping replica may take to
+	// finish its requests (Serve's default is 20 s); 0 stops it at once.
 	GracefulShutdownTimeout time.Duration
 
 	// MaxConstructorRetryCount is how many rounds of replica starts in a
@@ -52,6 +72,35 @@ type DeploymentSpec struct {
 	// tries those it could not connect to again at each answer; a list's
 	// are tried again at each health check.
 	Discovered bool
+}
+
+// Validate reports the first field of s that no deployment can run with,
+// by name.
+func (s DeploymentSpec) Validate() error {
+	var problem string
+	switch {
+	case s.App == "":
+		problem = "App is empty"
+	case s.Name == "":
+		problem = "Name is empty"
+	case s.Factory == nil && s.Start == nil && s.Connect == nil:
+		problem = "none of Factory, Start or Connect is set: nothing can build its replicas"
+	case s.NumReplicas < 0:
+		problem = fmt.Sprintf("NumReplicas is %d, must be 0 or more", s.NumReplicas)
+	case s.MaxOngoingRequests < 1:
+		problem = fmt.Sprintf("MaxOngoingRequests is %d, must be 1 or more (Serve's default is 5): no replica could take a request", s.MaxOngoingRequests)
+	case s.HealthCheckPeriod < 0:
+		problem = fmt.Sprintf("HealthCheckPeriod is %v, must be 0 (no checks) or more", s.HealthCheckPeriod)
+	case s.HealthCheckTimeout <= 0:
+		problem = fmt.Sprintf("HealthCheckTimeout is %v, must be above 0 (Serve's default is 30s): every check would fail", s.HealthCheckTimeout)
+	case s.GracefulShutdownTimeout < 0:
+		problem = fmt.Sprintf("GracefulShutdownTimeout is %v, must be 0 or more", s.GracefulShutdownTimeout)
+	case s.MaxConstructorRetryCount < 0:
+		problem = fmt.Sprintf("MaxConstructorRetryCount is %d, must be 0 (no limit) or more", s.MaxConstructorRetryCount)
+	default:
+		return nil
+	}
+	return fmt.Errorf("application %q deployment %q: %s", s.App, s.Name, problem)
 }
 
 // Hooks connect a deployment to the router and the log.
@@ -177,6 +226,9 @@ type Deployment struct {
 // NewDeployment stops what it built and returns ctx's error. The
 // deployment itself lives until Stop.
 func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Deployment, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
 	d := &Deployment{
 		spec:          spec,
 		hooks:         hooks,

@@ -25,13 +25,17 @@ type Factory func(userConfig json.RawMessage) (Handler, error)
 
 // HealthChecker is implemented by a Handler that can report its health, as a
 // Serve deployment's check_health method does. A non-nil error is a failed
-// check.
+// check. It is called while the replica serves requests, so what it reads
+// of the handler's state must be synchronized with ServeHTTP.
 type HealthChecker interface {
 	CheckHealth(ctx context.Context) error
 }
 
 // Reconfigurer is implemented by a Handler that accepts a new user_config
 // without being rebuilt, as a Serve deployment's reconfigure method does.
+// It is called while the replica serves requests (requests are not
+// paused for it, nor in Serve), so the state it changes must be
+// synchronized with ServeHTTP: an atomic.Pointer to the settings, say.
 type Reconfigurer interface {
 	Reconfigure(ctx context.Context, userConfig json.RawMessage) error
 }

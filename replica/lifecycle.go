@@ -213,8 +213,16 @@ func (d *Deployment) retireLocked(olds ...Replica) {
 					cut += old.Ongoing()
 				}
 			}
-			d.log().Warn().Strs("replicas", busy).Int("requests_cut", cut).
-				Msg("replicas still busy at graceful_shutdown_timeout_s: stopped anyway")
+			if cut > 0 {
+				d.log().Warn().Strs("replicas", busy).Int("requests_cut", cut).
+					Msg("replicas still busy at graceful_shutdown_timeout_s: stopped anyway")
+			} else {
+				// Idle, but their drain did not answer in time (a
+				// graceful_shutdown_timeout_s of 0 gives it none):
+				// nothing was cut.
+				d.log().Debug().Strs("replicas", busy).
+					Msg("replicas' drain unanswered at graceful_shutdown_timeout_s; none had requests: stopped")
+			}
 		}
 		d.stopReplicas(ctx, batch)
 		done := make(map[Replica]bool, len(batch))

@@ -60,7 +60,7 @@ func TestRetiredReplicaStopHasItsOwnGrace(t *testing.T) {
 func TestNewDeploymentFailureClosesConnected(t *testing.T) {
 	_, addr := startHost(t, HostConfig{Factory: factoryOf(func(w http.ResponseWriter, r *http.Request) {}), Replicas: 1, MaxOngoing: 1})
 	var conns []*HostConn
-	spec := DeploymentSpec{App: "a", Name: "d", HealthCheckTimeout: time.Second, GracefulShutdownTimeout: time.Second,
+	spec := DeploymentSpec{App: "a", Name: "d", MaxOngoingRequests: 1, HealthCheckTimeout: time.Second, GracefulShutdownTimeout: time.Second,
 		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
 			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()

@@ -155,7 +155,8 @@ type task struct {
 // once, whether busy or idle. Put keeps a payload that calls then pass by
 // reference (Call.Ref), until Free.
 //
-// A Pool is safe for concurrent use.
+// A Pool is safe for concurrent use. Make one with NewPool: the zero Pool
+// is not ready for use.
 type Pool struct {
 	// mu guards the fields below, up to refMu.
 	mu        sync.Mutex

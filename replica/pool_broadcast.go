@@ -278,8 +278,12 @@ func (b *broadcast) drainCalls(w *worker, k int, filled *int64) (ok, panicked bo
 		}
 		// The call panicked, or called runtime.Goexit (recover returns nil
 		// and the worker still exits, but its slot is filled).
+		v := recover()
+		if v == nil {
+			v = "runtime.Goexit" // as Submit's say
+		}
 		r := &results[calling]
-		r.Value, r.Err = nil, &PanicError{Value: recover(), Stack: debug.Stack()}
+		r.Value, r.Err = nil, &PanicError{Value: v, Stack: debug.Stack()}
 		r.Actor = targets[calling].ID()
 		ch.filled[calling].Store(true)
 		*filled++

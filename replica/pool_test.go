@@ -764,7 +764,7 @@ func TestBroadcastFailingSlowPanicking(t *testing.T) {
 	const slowFor = 100 * time.Millisecond
 	start := time.Now()
 	var lastFast, slowEnd atomic.Int64 // ns after start
-	kinds := map[int]string{5: "slow", 6: "fail", 31: "panic", 32: "panic", 33: "panic", 70: "fail", 99: "panic"}
+	kinds := map[int]string{5: "slow", 6: "fail", 31: "panic", 32: "panic", 33: "panic", 50: "goexit", 70: "fail", 99: "panic"}
 	var actors []Actor
 	for i := range 100 {
 		id := fmt.Sprint(i)
@@ -784,6 +784,8 @@ func TestBroadcastFailingSlowPanicking(t *testing.T) {
 			fn = func(context.Context, string, []byte) ([]byte, error) { return nil, fmt.Errorf("%s: %w", id, boom) }
 		case "panic":
 			fn = func(context.Context, string, []byte) ([]byte, error) { panic("oops " + id) }
+		case "goexit":
+			fn = func(context.Context, string, []byte) ([]byte, error) { runtime.Goexit(); return nil, nil }
 		default:
 			fn = func(_ context.Context, _ string, p []byte) ([]byte, error) {
 				lastFast.Store(int64(time.Since(start)))
@@ -819,6 +821,11 @@ func TestBroadcastFailingSlowPanicking(t *testing.T) {
 		case "panic":
 			if !errors.As(r.Err, &pe) || pe.Value != "oops "+r.Actor || len(pe.Stack) == 0 || r.Value != nil {
 				t.Errorf("panic %s: %+v, want its *PanicError with a stack", r.Actor, r)
+			}
+		case "goexit":
+			// Said as Submit says it, not "handler panic: <nil>".
+			if !errors.As(r.Err, &pe) || pe.Value != "runtime.Goexit" {
+				t.Errorf("goexit %s: %+v, want a *PanicError saying runtime.Goexit", r.Actor, r)
 			}
 		default:
 			if r.Err != nil || string(r.Value) != r.Actor {
