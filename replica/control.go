@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 )
 
 // The control calls a deployment controller broadcasts to its replicas
@@ -96,6 +97,9 @@ func (l *Local) Call(ctx context.Context, method string, payload []byte) ([]byte
 		return nil, l.checkHealth(ctx)
 	case MethodReconfigure:
 		rc, ok := l.handler.(Reconfigurer)
+		if !ok && sameJSON(payload, l.builtWith) {
+			return nil, nil // what it has already
+		}
 		if !ok {
 			return nil, ErrNotReconfigurable
 		}
@@ -110,6 +114,17 @@ func (l *Local) Call(ctx context.Context, method string, payload []byte) ([]byte
 		return nil, nil
 	}
 	return nil, fmt.Errorf("%w %q", ErrUnknownMethod, method)
+}
+
+// sameJSON reports whether a and b are the same JSON value (or both
+// empty), whatever their spacing and key order: a config from flags and
+// the same from YAML are spelled differently.
+func sameJSON(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return len(a) == len(b)
+	}
+	var va, vb any
+	return json.Unmarshal(a, &va) == nil && json.Unmarshal(b, &vb) == nil && reflect.DeepEqual(va, vb)
 }
 
 // Stats returns the replica's own counts.

@@ -44,6 +44,24 @@ func TestLocalControlCalls(t *testing.T) {
 	if _, err := echo.Call(ctx, MethodReconfigure, []byte(`{}`)); !errors.Is(err, ErrNotReconfigurable) {
 		t.Fatalf("reconfigure echo: %v", err)
 	}
+	// A handler without Reconfigure takes the user_config it was built
+	// with again, however spelled: a replica host started from the
+	// proxy's file is given the file's at connect.
+	built := NewLocal("b", Echo{}, 1, nil)
+	built.builtWith = []byte(`{"a": 1, "b": [true, "x"]}`)
+	for _, tc := range []struct {
+		payload string
+		want    error
+	}{
+		{`{"b":[true,"x"],"a":1.0}`, nil},
+		{`{"a": 2, "b": [true, "x"]}`, ErrNotReconfigurable},
+		{`{"a": 1}`, ErrNotReconfigurable},
+		{`not json`, ErrNotReconfigurable},
+	} {
+		if _, err := built.Call(ctx, MethodReconfigure, []byte(tc.payload)); !errors.Is(err, tc.want) {
+			t.Errorf("reconfigure to %s, built with %s: %v, want %v", tc.payload, built.builtWith, err, tc.want)
+		}
+	}
 
 	release, _ := l.TryAcquire()
 	raw, err := l.Call(ctx, MethodStats, nil)

@@ -139,6 +139,7 @@ func NewHost(cfg HostConfig) (h *Host, err error) {
 			return nil, fmt.Errorf("replica host: %w", err)
 		}
 		l := NewLocal(fmt.Sprintf("%s#%d", name, i), hd, cfg.MaxOngoing, nil)
+		l.builtWith = cfg.UserConfig
 		l.SetState(StateRunning)
 		h.actors = append(h.actors, l)
 		h.ids = append(h.ids, l.ID())

@@ -92,7 +92,9 @@ func (d *Deployment) newReplica(ctx context.Context, userConfig json.RawMessage)
 	} else {
 		var h Handler
 		if h, err = d.spec.Factory(userConfig); err == nil {
-			r = NewLocal(id, h, d.spec.MaxOngoingRequests, d.hooks.OnRelease)
+			l := NewLocal(id, h, d.spec.MaxOngoingRequests, d.hooks.OnRelease)
+			l.builtWith = userConfig
+			r = l
 		}
 	}
 	if err != nil {

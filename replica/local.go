@@ -40,6 +40,10 @@ type Local struct {
 	slots
 	id      string
 	handler Handler
+	// builtWith is the user_config the factory built handler with: a
+	// handler without Reconfigure takes a reconfigure to it (a replica
+	// host started from the proxy's file is given the file's again).
+	builtWith []byte
 	// checking is set while a health check runs (see checkHealth).
 	checking atomic.Bool
 }

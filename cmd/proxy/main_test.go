@@ -37,6 +37,12 @@ const (
 	toolTimeout  = 2 * time.Minute  // one ab or hey run
 )
 
+// The binary's exit codes (proxycmd.Main's).
+const (
+	exitOK      = 0
+	exitInvalid = 2
+)
+
 // proxyBin is the binary TestMain builds; the tests run it. hiBin is
 // cmd/hiserver and replicaBin cmd/replica, replica processes for the
 // remote kinds' tests.
@@ -178,7 +184,13 @@ type servingLine struct {
 // the end of the test: SIGTERM, then SIGKILL after stopTimeout.
 func startProxy(t *testing.T, vars map[string]string, args ...string) *proc {
 	t.Helper()
-	p := launchProxy(t, vars, args...)
+	return startBinary(t, proxyBin, vars, args...)
+}
+
+// startBinary is startProxy for another binary built on proxycmd.
+func startBinary(t *testing.T, bin string, vars map[string]string, args ...string) *proc {
+	t.Helper()
+	p := launchBinary(t, bin, vars, args...)
 	timer := time.NewTimer(startTimeout)
 	defer timer.Stop()
 	p.waitHealthy(timer.C)
@@ -189,7 +201,13 @@ func startProxy(t *testing.T, vars map[string]string, args ...string) *proc {
 // /-/healthz, for a proxy whose replicas are not all running.
 func launchProxy(t *testing.T, vars map[string]string, args ...string) *proc {
 	t.Helper()
-	p, serving := spawnProxy(t, vars, args...)
+	return launchBinary(t, proxyBin, vars, args...)
+}
+
+// launchBinary is launchProxy for another binary built on proxycmd.
+func launchBinary(t *testing.T, bin string, vars map[string]string, args ...string) *proc {
+	t.Helper()
+	p, serving := spawnBinary(t, bin, vars, args...)
 	timer := time.NewTimer(startTimeout)
 	defer timer.Stop()
 	select {
@@ -210,7 +228,13 @@ func launchProxy(t *testing.T, vars map[string]string, args ...string) *proc {
 // "serving" line comes on the channel.
 func spawnProxy(t *testing.T, vars map[string]string, args ...string) (*proc, <-chan servingLine) {
 	t.Helper()
-	cmd := exec.Command(proxyBin, args...)
+	return spawnBinary(t, proxyBin, vars, args...)
+}
+
+// spawnBinary is spawnProxy for another binary built on proxycmd.
+func spawnBinary(t *testing.T, bin string, vars map[string]string, args ...string) (*proc, <-chan servingLine) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	cmd.Env = childEnv(vars)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

@@ -1,9 +1,10 @@
-package main
+package replicacmd
 
 import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -30,10 +31,14 @@ const childEnv = "REPLICA_MAIN_TEST_CHILD"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
-		main()
-		return
+		os.Exit(Main(nil))
 	}
 	goleak.VerifyTestMain(m)
+}
+
+// run is Run with the built-in handlers.
+func run(ctx context.Context, args []string, env map[string]string, stdout, stderr io.Writer) int {
+	return Run(ctx, args, env, nil, stdout, stderr)
 }
 
 // lineWriter passes what run prints to stdout on, line by line.
@@ -117,6 +122,38 @@ func TestRunServesAndStops(t *testing.T) {
 	r.stop(t)
 }
 
+// A binary of its own serves the kinds it registers, each actor built by
+// the factory with the user_config, and its -help lists them.
+func TestRunServesARegisteredKind(t *testing.T) {
+	reg := replica.NewRegistry()
+	reg.MustRegister("shout", func(uc json.RawMessage) (replica.Handler, error) {
+		var c struct{ Word string }
+		if err := json.Unmarshal(uc, &c); err != nil {
+			return nil, err
+		}
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, strings.ToUpper(c.Word)+r.URL.Path)
+		}), nil
+	})
+	addr, r := startRunWith(t, reg, []string{"-handler", "shout", "-replicas", "2", "-listen", "127.0.0.1:0", "-user-config", `{"word":"hey"}`})
+	c := connect(t, addr)
+	defer c.Close()
+	if body, err := get(t, c, 1, "/x"); err != nil || body != "HEY/x" {
+		t.Fatalf("%q, %v", body, err)
+	}
+	r.stop(t)
+
+	var stderr strings.Builder
+	if got := Run(context.Background(), []string{"-help"}, nil, reg, io.Discard, &stderr); got != exitInvalid ||
+		!strings.Contains(stderr.String(), "(echo, shout, sleep, static)") {
+		t.Errorf("-help: exit %d, %s", got, stderr.String())
+	}
+	if got := Run(context.Background(), []string{"-handler", "model"}, nil, reg, io.Discard, &stderr); got != exitInvalid ||
+		!strings.Contains(stderr.String(), `unknown handler "model" (registered: [echo shout sleep static]`) {
+		t.Errorf("unknown kind: exit %d, %s", got, stderr.String())
+	}
+}
+
 func TestRunBadInput(t *testing.T) {
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -169,11 +206,17 @@ type running struct {
 // run is cancelled at the end of the test if stop was not called.
 func startRun(t *testing.T, args []string) (string, *running) {
 	t.Helper()
+	return startRunWith(t, nil, args)
+}
+
+// startRunWith is startRun serving the handler kinds of reg.
+func startRunWith(t *testing.T, reg *replica.Registry, args []string) (string, *running) {
+	t.Helper()
 	stdout := &lineWriter{lines: make(chan string, 10)}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	r := &running{cancel: cancel, code: make(chan int, 1), stderr: &lockedBuilder{}}
-	go func() { r.code <- run(ctx, args, map[string]string{"PROXY_GC_TUNING": "false"}, stdout, r.stderr) }()
+	go func() { r.code <- Run(ctx, args, map[string]string{"PROXY_GC_TUNING": "false"}, reg, stdout, r.stderr) }()
 	return listening(t, stdout.lines), r
 }
 
@@ -192,7 +235,7 @@ func (r *running) stop(t *testing.T) {
 }
 
 // tlsDir holds the tests' certificates (see its README).
-const tlsDir = "../../config/testdata/tls/"
+const tlsDir = "../../../config/testdata/tls/"
 
 // lockedBuilder is a strings.Builder that several goroutines' loggers may
 // write at once, as they may an *os.File.

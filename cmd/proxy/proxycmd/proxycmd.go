@@ -1,0 +1,367 @@
+// Package proxycmd is the proxy binary, cmd/proxy, as a library, so that a
+// binary of your own serves the handler kinds you register in Go, with
+// every flag, environment setting, signal and endpoint of cmd/proxy:
+//
+//	func main() {
+//		reg := replica.NewRegistry() // static, echo, sleep
+//		reg.MustRegister("model", newModel)
+//		os.Exit(proxycmd.Main(reg))
+//	}
+//
+// With no configuration it serves Serve's benchmark app (16 replicas
+// answering "hi" at /); with -config it serves the applications of a
+// Serve-shaped YAML file, whose handler fields may name any kind of reg.
+package proxycmd
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/serveproxy/serveproxy/config"
+	"github.com/serveproxy/serveproxy/gctune"
+	"github.com/serveproxy/serveproxy/proxy"
+	"github.com/serveproxy/serveproxy/replica"
+)
+
+// Version is what -version prints and the start line logs. Set it at
+// build time (-ldflags "-X
+// github.com/serveproxy/serveproxy/cmd/proxy/proxycmd.Version=v1.2.3") or
+// before Main; empty, it is the build's module version and VCS revision.
+var Version = ""
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailed  = 1 // the proxy could not start or stop cleanly
+	exitInvalid = 2 // bad flags, environment or config
+)
+
+// Main runs the proxy with the process's arguments and environment,
+// serving the handler kinds of reg, until SIGTERM or SIGINT (SIGHUP
+// reloads the config file), and returns the exit code: 0 after a clean
+// stop, 1 when it could not start or stop cleanly, 2 for bad flags,
+// environment or config. A nil reg serves the built-in kinds.
+func Main(reg *replica.Registry) int {
+	return Run(os.Args[1:], environ(), reg, os.Stdout, os.Stderr)
+}
+
+func environ() map[string]string {
+	m := make(map[string]string)
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// Run is Main with the arguments (without the program's name), the
+// environment and the outputs given. It still takes the process's signals.
+func Run(args []string, env map[string]string, reg *replica.Registry, stdout, stderr io.Writer) int {
+	if reg == nil {
+		reg = replica.NewRegistry()
+	}
+	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configPath := fs.String("config", "", "Serve-shaped YAML config `file` (default: $PROXY_CONFIG, else the built-in benchmark app)")
+	check := fs.Bool("check", false, "validate the config and exit: 0 if valid, 2 with every problem listed")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return exitInvalid
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "proxy: unexpected arguments: %v\n", fs.Args())
+		return exitInvalid
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, "proxy", versionString())
+		return exitOK
+	}
+
+	e, err := config.ReadEnv(env)
+	if err != nil {
+		printLines(stderr, err) // one PROXY_NAME: message line each
+		return exitInvalid
+	}
+	unknownEnv := config.UnknownEnv(env)
+	if *check {
+		for _, w := range unknownEnv {
+			fmt.Fprintln(stderr, "warning:", w)
+		}
+	}
+	// GC settings first, before the proxy allocates anything to speak of.
+	gc, err := gctune.Apply(e, env)
+	if err != nil {
+		printLines(stderr, err)
+		return exitInvalid
+	}
+	path := *configPath
+	if path == "" {
+		path = e.ConfigPath
+	}
+	if path != "" {
+		if _, err := os.Stat(path); err != nil {
+			from := "-config"
+			if *configPath == "" {
+				from = "PROXY_CONFIG"
+			}
+			fmt.Fprintf(stderr, "proxy: config file (%s): %v\n", from, err)
+			return exitInvalid
+		}
+	}
+	cfg, problems := loadConfig(path, e, reg)
+	if len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintln(stderr, p)
+		}
+		if !*check {
+			fmt.Fprintf(stderr, "proxy: %d problem(s); nothing started\n", len(problems))
+		}
+		return exitInvalid
+	}
+	if *check {
+		fmt.Fprintf(stdout, "%s: ok, %d application(s)\n", displayName(path), len(cfg.Applications))
+		return exitOK
+	}
+
+	// The proxy's own log never waits for stderr: a log collector that
+	// stops reading must cost lines (counted in
+	// serve_proxy_log_dropped_total), not requests or the shutdown; one
+	// that goes away leaves the writes failing (EPIPE) rather than the
+	// proxy killed by SIGPIPE.
+	pipe := make(chan os.Signal, 1)
+	signal.Notify(pipe, syscall.SIGPIPE)
+	defer signal.Stop(pipe)
+	logOut := proxy.NewLogWriter(stderr)
+	defer logOut.Close()
+	log := newLogger(logOut, e)
+	log.Info().Str("version", versionString()).Str("config", displayName(path)).
+		Str("http_addr", httpAddr(cfg)).Str("admin_addr", e.AdminAddr).
+		Bool("access_log", e.AccessLog).Stringer("request_timeout", cfg.HTTPOptions.RequestTimeout()).
+		Stringer("keep_alive_timeout", cfg.HTTPOptions.KeepAliveTimeout()).
+		Stringer("client_body_timeout", e.ClientBodyTimeout).Stringer("client_send_timeout", e.ClientSendTimeout).
+		Int64("max_header_bytes", int64(e.MaxHeaderBytes)).Int64("max_body_bytes", int64(e.MaxBodyBytes)).
+		Msg("starting")
+	for _, w := range unknownEnv {
+		log.Warn().Msg(w)
+	}
+	st := gc.State()
+	log.Info().Bool("tuning", st.Tuning).Int("percent", st.Percent).Str("percent_source", st.PercentSource).
+		Str("memory_limit", st.MemoryLimit).Str("memory_limit_source", st.MemoryLimitSource).Str("note", st.Note).
+		Msg("GC settings in force (PROXY_GC_TUNING=false for Go's defaults; GOGC or GOMEMLIMIT win over tuning)")
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	// SIGHUP reloads the file; one that comes during the start waits for
+	// it (rather than kill the proxy, Go's default).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	if err := serve(ctx, stop, hup, path, cfg, e, reg, gc, log, logOut, stderr); err != nil {
+		log.Error().Err(err).Msg("proxy failed")
+		return exitFailed
+	}
+	return exitOK
+}
+
+// loadConfig reads the file (or takes the built-in app), applies the
+// environment and checks that every handler exists and accepts its
+// user_config. It returns every problem found, in file order.
+func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Config, []error) {
+	var cfg *config.Config
+	var found config.Errors
+	if path == "" {
+		cfg = config.Default()
+	} else {
+		c, err := config.Load(path)
+		if err != nil && !errors.As(err, &found) {
+			return nil, []error{err} // unreadable
+		}
+		cfg = c
+	}
+	if cfg == nil {
+		return nil, splitErrors(found) // YAML syntax: nothing more to check
+	}
+	failed := make(map[string]bool, len(found))
+	for _, fe := range found {
+		failed[fe.Field] = true
+	}
+	for i, app := range cfg.Applications {
+		for j, d := range app.Deployments {
+			field := fmt.Sprintf("applications[%d].deployments[%d]", i, j)
+			if failed[field+".handler"] || failed[field] {
+				continue // reported already
+			}
+			if d.HostTLS != nil && !failed[field+".host_tls"] {
+				// The proxy's own TLS files, read now rather than at the
+				// first connection.
+				for _, pr := range d.HostTLS.Problems() {
+					if !failed[field+".host_tls."+pr.Field] {
+						found = append(found, fieldError(cfg, path, field+".host_tls."+pr.Field, errors.New(pr.Message())))
+					}
+				}
+			}
+			handlerField, kind := field+".handler", d.Handler
+			switch {
+			case d.Handler == config.HandlerHost && d.HostHandler != "" && !failed[field+".host_handler"]:
+				// What the hosts run from this file: checked here as an
+				// in-process handler is.
+				handlerField, kind = field+".host_handler", d.HostHandler
+			case d.Handler == config.HandlerUpstream || d.Handler == config.HandlerHost:
+				continue // forwarded, not in process: the config checked it
+			}
+			if d.Handler == config.HandlerCommand {
+				if err := checkWorkingDir(d.WorkingDir); err != nil && !failed[field+".working_dir"] {
+					found = append(found, fieldError(cfg, path, field+".working_dir", err))
+					continue
+				}
+				if err := checkCommand(d); err != nil && !failed[field+".command"] {
+					found = append(found, fieldError(cfg, path, field+".command", err))
+				}
+				continue
+			}
+			f, err := reg.Lookup(kind)
+			if err != nil {
+				found = append(found, fieldError(cfg, path, handlerField, err))
+				continue
+			}
+			if failed[field+".user_config"] {
+				continue
+			}
+			// Build one handler to validate user_config now rather than
+			// at the first replica.
+			if _, err := f(d.UserConfig); err != nil {
+				found = append(found, fieldError(cfg, path, field+".user_config", err))
+			}
+		}
+	}
+	// The listeners' clash too, with the file's other problems: -check
+	// lists every one at once.
+	var clash error
+	if e.HTTPAddr != "" { // the environment's, not the file's
+		if err := listenClash(e.HTTPAddr, e.AdminAddr); err != nil {
+			clash = fmt.Errorf("PROXY_HTTP_ADDR: %s: %w", e.HTTPAddr, err)
+		}
+	} else if !failed["http_options"] && !failed["http_options.host"] && !failed["http_options.port"] {
+		if err := listenClash(httpAddr(cfg), e.AdminAddr); err != nil {
+			found = append(found, fieldError(cfg, path, "http_options.port", err))
+		}
+	}
+	if len(found) > 0 {
+		slices.SortStableFunc(found, func(a, b config.FieldError) int { return cmp.Compare(a.Line, b.Line) })
+		errs := splitErrors(found)
+		if clash != nil {
+			errs = append(errs, clash)
+		}
+		return nil, errs
+	}
+	if clash != nil {
+		return nil, []error{clash}
+	}
+	if err := e.Apply(cfg); err != nil {
+		return nil, []error{fmt.Errorf("environment: %w", err)}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, splitErrors(err)
+	}
+	return cfg, nil
+}
+
+// printLines writes err to w one line of its message at a time, each a
+// problem on its own (errors.Join's lines), as -check lists them.
+func printLines(w io.Writer, err error) {
+	for line := range strings.SplitSeq(err.Error(), "\n") {
+		fmt.Fprintln(w, line)
+	}
+}
+
+// listenClash reports an HTTP listener that would take the admin
+// listener's port (or the other way round): one of them would fail at
+// start.
+func listenClash(httpAddr, adminAddr string) error {
+	hh, hp, err1 := net.SplitHostPort(httpAddr)
+	ah, ap, err2 := net.SplitHostPort(adminAddr)
+	if err1 != nil || err2 != nil || hp != ap || hp == "0" {
+		return nil
+	}
+	unspecified := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	// localhost binds the loopback address (Go's resolver reads it from
+	// /etc/hosts, or answers it itself).
+	loopback := func(h string) string {
+		if h == "localhost" {
+			return "127.0.0.1"
+		}
+		return h
+	}
+	if loopback(hh) == loopback(ah) || unspecified(hh) || unspecified(ah) {
+		return fmt.Errorf("%s is the admin listener's port too (PROXY_ADMIN_ADDR %s): give them different ports", hp, adminAddr)
+	}
+	return nil
+}
+
+// fieldError names the field, and its line when the config knows it.
+func fieldError(cfg *config.Config, file, field string, err error) config.FieldError {
+	return config.FieldError{File: displayName(file), Line: cfg.Line(field), Field: field, Msg: err.Error()}
+}
+
+func splitErrors(err error) []error {
+	var errs config.Errors
+	if errors.As(err, &errs) {
+		out := make([]error, len(errs))
+		for i, e := range errs {
+			out[i] = e
+		}
+		return out
+	}
+	return []error{err}
+}
+
+func displayName(path string) string {
+	if path == "" {
+		return "(built-in benchmark app)"
+	}
+	return path
+}
+
+func newLogger(w io.Writer, e config.Env) zerolog.Logger {
+	zerolog.TimeFieldFormat = proxy.LogTimeFormat
+	level, err := zerolog.ParseLevel(e.LogLevel)
+	if err != nil {
+		level = zerolog.InfoLevel // ReadEnv has validated it already
+	}
+	if e.LogFormat == "console" {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+	}
+	return zerolog.New(w).Level(level).With().Timestamp().Logger()
+}
+
+func versionString() string {
+	if Version != "" {
+		return Version
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += " " + s.Value[:12]
+		}
+	}
+	return v
+}
