@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -242,10 +241,6 @@ func (p *Proxy) putUserConfig(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusBadRequest, err)
 		return
 	}
-	if b := bytes.TrimSpace(body); len(b) == 0 || b[0] != '{' {
-		writeJSONError(w, http.StatusBadRequest, errors.New("user_config must be a JSON object"))
-		return
-	}
 	// Not cancelled when the caller leaves: a reconfigure half done is
 	// worse than one finished for nobody.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), controlTimeout)
@@ -266,6 +261,9 @@ func (p *Proxy) putUserConfig(w http.ResponseWriter, r *http.Request) {
 	}
 	status := http.StatusOK
 	switch {
+	case errors.Is(err, replica.ErrNotAnObject):
+		writeJSONError(w, http.StatusBadRequest, err)
+		return
 	case errors.Is(err, replica.ErrStopped):
 		status = http.StatusServiceUnavailable
 		out.Error = err.Error()

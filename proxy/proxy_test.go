@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,6 +46,36 @@ type testProxy struct {
 	url, adminURL string
 	access        *syncBuffer
 	stop          func() error
+	// accepted is the public listener's record of the connections the
+	// proxy accepted.
+	accepted *recordingListener
+}
+
+// recordingListener records the remote address of every connection its
+// Accept returns: a connection the kernel completed that the proxy never
+// accepted (its listener closed first) is reset, and was never the
+// proxy's to answer.
+type recordingListener struct {
+	net.Listener
+	mu    sync.Mutex
+	addrs map[string]bool
+}
+
+func (l *recordingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.mu.Lock()
+		l.addrs[c.RemoteAddr().String()] = true
+		l.mu.Unlock()
+	}
+	return c, err
+}
+
+// has reports whether the connection from addr was accepted.
+func (l *recordingListener) has(addr string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.addrs[addr]
 }
 
 // syncBuffer is an io.Writer safe for concurrent use, for the access log.
@@ -129,10 +160,11 @@ func startProxyWith(t *testing.T, opts Options, so ServerOptions, deps ...testDe
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	pub := &recordingListener{Listener: l, addrs: map[string]bool{}}
 	adm, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +176,7 @@ func startProxyWith(t *testing.T, opts Options, so ServerOptions, deps ...testDe
 	}()
 	var once sync.Once
 	var stopErr error
-	tp := &testProxy{Proxy: p, url: "http://" + pub.Addr().String(), adminURL: "http://" + adm.Addr().String(), access: access}
+	tp := &testProxy{Proxy: p, url: "http://" + pub.Addr().String(), adminURL: "http://" + adm.Addr().String(), access: access, accepted: pub}
 	tp.stop = func() error {
 		once.Do(func() {
 			cancel()
@@ -727,15 +759,22 @@ func TestGracefulShutdownUnderLoad(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 200 {
-				resp, err := client.Get(tp.url + "/")
+				// The connection each try went out on (a retry's is the
+				// last): one the proxy never accepted was not its to answer.
+				var local string
+				trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { local = i.Conn.LocalAddr().String() }}
+				req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodGet, tp.url+"/", nil)
+				resp, err := client.Do(req)
 				if err != nil {
 					var op *net.OpError
-					if errors.As(err, &op) && op.Op == "dial" {
-						refused.Add(1) // not accepted: the listener is closed
+					if errors.As(err, &op) && op.Op == "dial" || local != "" && !tp.accepted.has(local) {
+						// Not accepted: the listener is closed, or closed
+						// with this connection in its backlog.
+						refused.Add(1)
 						return
 					}
 					failed.Add(1)
-					t.Log(err)
+					t.Logf("%v (connection from %s, accepted)", err, local)
 					return
 				}
 				body, _ := io.ReadAll(resp.Body)

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -24,8 +25,15 @@ var ErrFixedReplicas = errors.New("its replicas are its upstreams or its hosts' 
 // whose reconfigure failed has been taken out of routing and is being
 // replaced by one built with userConfig. If no replica took it, nothing
 // changed: the old user_config stays and the error wraps ErrRejected (and
-// ErrNotReconfigurable when the handler takes none).
+// ErrNotReconfigurable when the handler takes none). A userConfig that is
+// not a JSON object is ErrNotAnObject, and no replica sees it.
 func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage) ([]Result, error) {
+	if b := bytes.TrimSpace(userConfig); len(b) == 0 || b[0] != '{' || !json.Valid(b) {
+		if len(b) > 40 {
+			b = append(b[:40:40], "..."...)
+		}
+		return nil, fmt.Errorf("%w, got %q", ErrNotAnObject, b)
+	}
 	d.control.Lock()
 	defer d.control.Unlock()
 	if d.stopped {

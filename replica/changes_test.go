@@ -67,6 +67,23 @@ func TestReconfigureDeadlineIsNotRejection(t *testing.T) {
 	}
 }
 
+// A user_config that is not a JSON object is refused by name before any
+// replica sees it, as the admin API's PUT refuses it (Serve's is a dict).
+func TestReconfigureNotAnObject(t *testing.T) {
+	h := &slowReconf{}
+	d := startDeployment(t, DeploymentSpec{NumReplicas: 1, UserConfig: json.RawMessage(`{"v":1}`),
+		Factory: func(json.RawMessage) (Handler, error) { return h, nil }})
+	for _, uc := range []string{``, ` `, `[1]`, `"v"`, `null`, `{"v":`, `{} {}`} {
+		res, err := d.Reconfigure(context.Background(), json.RawMessage(uc))
+		if !errors.Is(err, ErrNotAnObject) || res != nil {
+			t.Errorf("Reconfigure(%q) = %v, %v; want ErrNotAnObject", uc, res, err)
+		}
+	}
+	if got := string(d.Spec().UserConfig); got != `{"v":1}` || h.seen.Load() != nil {
+		t.Fatalf("user_config %s, handler saw %v: want the old one, never called", got, h.seen.Load())
+	}
+}
+
 // A deployment of targets keeps a replica whose reconfigure failed, as
 // nothing here could start another, but out of routing: it is given the
 // user_config again at each health round, and serves once it takes it.

@@ -97,7 +97,7 @@ func (l *Local) Call(ctx context.Context, method string, payload []byte) ([]byte
 		return nil, l.checkHealth(ctx)
 	case MethodReconfigure:
 		rc, ok := l.handler.(Reconfigurer)
-		if !ok && sameJSON(payload, l.builtWith) {
+		if same, err := SameUserConfig(payload, l.builtWith); !ok && err == nil && same {
 			return nil, nil // what it has already
 		}
 		if !ok {
@@ -116,15 +116,22 @@ func (l *Local) Call(ctx context.Context, method string, payload []byte) ([]byte
 	return nil, fmt.Errorf("%w %q", ErrUnknownMethod, method)
 }
 
-// sameJSON reports whether a and b are the same JSON value (or both
-// empty), whatever their spacing and key order: a config from flags and
-// the same from YAML are spelled differently.
-func sameJSON(a, b []byte) bool {
+// SameUserConfig reports whether a and b are the same JSON value, whatever
+// their spacing and key order (a config from flags and the same from YAML
+// are spelled differently), or both empty. The error is a's or b's that is
+// not JSON.
+func SameUserConfig(a, b json.RawMessage) (bool, error) {
 	if len(a) == 0 || len(b) == 0 {
-		return len(a) == len(b)
+		return len(a) == len(b), nil
 	}
 	var va, vb any
-	return json.Unmarshal(a, &va) == nil && json.Unmarshal(b, &vb) == nil && reflect.DeepEqual(va, vb)
+	if err := json.Unmarshal(a, &va); err != nil {
+		return false, err
+	}
+	if err := json.Unmarshal(b, &vb); err != nil {
+		return false, err
+	}
+	return reflect.DeepEqual(va, vb), nil
 }
 
 // Stats returns the replica's own counts.

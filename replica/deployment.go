@@ -123,6 +123,10 @@ const unhealthyAfter = 3
 // deployment keeps its old user_config, and nothing was replaced.
 var ErrRejected = errors.New("every replica rejected the user_config")
 
+// ErrNotAnObject is Reconfigure's error for a user_config that is not a
+// JSON object (Serve's user_config is a dict): no replica was called.
+var ErrNotAnObject = errors.New("user_config must be a JSON object")
+
 // Deployment is a deployment's controller: it owns the replicas, tells the
 // router which ones are routable, and health-checks, reconfigures, scales
 // and drains them. Every control call reaches the replicas through one

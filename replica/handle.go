@@ -34,12 +34,13 @@ type AnswerBatcher interface {
 	BatchAnswers() bool
 }
 
-// PanicError is returned by Serve when the handler panicked. The replica
-// keeps serving.
+// PanicError is returned by Serve when the handler panicked, and is a
+// Pool's Result when an actor's Call panicked (or called runtime.Goexit).
+// The replica, and the pool, keep serving.
 type PanicError struct {
-	Value any    // what the handler panicked with
+	Value any    // what the handler or actor panicked with
 	Stack []byte // the goroutine's stack at the panic
 }
 
 // Error implements error.
-func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }
+func (e *PanicError) Error() string { return fmt.Sprintf("panic: %v", e.Value) }

@@ -182,7 +182,7 @@ type Pool struct {
 }
 
 // NewPool returns a pool of the given actors, all idle, in that order. It
-// panics if two actors share an ID.
+// panics if an actor is nil or two share an ID.
 func NewPool(actors ...Actor) *Pool {
 	p := &Pool{
 		actors: slices.Clip(slices.Clone(actors)),
@@ -192,6 +192,9 @@ func NewPool(actors ...Actor) *Pool {
 	}
 	for i := len(actors) - 1; i >= 0; i-- { // so that the first actor is popped first
 		a := actors[i]
+		if a == nil {
+			panic(fmt.Sprintf("replica.NewPool: actor %d of %d is nil", i, len(actors)))
+		}
 		if _, dup := p.byID[a.ID()]; dup {
 			panic(fmt.Sprintf("replica.NewPool: %v: %q", ErrDuplicateActor, a.ID()))
 		}
@@ -438,8 +441,11 @@ func (p *Pool) PopIdle() (a Actor, ok bool) {
 
 // Push adds a to the end of the pool. It takes the oldest queued call at
 // once, if any. Push returns an error wrapping ErrDuplicateActor if an actor
-// with a's ID is already in the pool.
+// with a's ID is already in the pool, and an error if a is nil.
 func (p *Pool) Push(a Actor) error {
+	if a == nil {
+		return errors.New("replica: Pool.Push: the actor is nil")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, dup := p.byID[a.ID()]; dup {

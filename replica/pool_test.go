@@ -261,6 +261,17 @@ func TestPoolPushPop(t *testing.T) {
 	if err := p.Push(echoActor("b")); !errors.Is(err, ErrDuplicateActor) {
 		t.Fatalf("duplicate Push: err = %v, want ErrDuplicateActor", err)
 	}
+	if err := p.Push(nil); err == nil || !strings.Contains(err.Error(), "nil") {
+		t.Fatalf("Push(nil): err = %v, want one naming the nil actor", err)
+	}
+	func() {
+		defer func() {
+			if v := recover(); v == nil || !strings.Contains(fmt.Sprint(v), "actor 1 of 2 is nil") {
+				t.Errorf("NewPool with a nil actor: panic %v, want one naming it", v)
+			}
+		}()
+		NewPool(echoActor("c"), nil)
+	}()
 	if err := p.Push(a); err != nil {
 		t.Fatal(err)
 	}
@@ -823,7 +834,7 @@ func TestBroadcastFailingSlowPanicking(t *testing.T) {
 				t.Errorf("panic %s: %+v, want its *PanicError with a stack", r.Actor, r)
 			}
 		case "goexit":
-			// Said as Submit says it, not "handler panic: <nil>".
+			// Said as Submit says it, not "panic: <nil>".
 			if !errors.As(r.Err, &pe) || pe.Value != "runtime.Goexit" {
 				t.Errorf("goexit %s: %+v, want a *PanicError saying runtime.Goexit", r.Actor, r)
 			}

@@ -301,7 +301,7 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 	// any (the admin API can): what runs stays.
 	fileHasNone := nd.Handler == config.HandlerUpstream || nd.Handler == config.HandlerHost && nd.HostHandler == "" ||
 		nd.UserConfig == nil && !rl.fileConfigs[i][j]
-	switch same, err := sameJSON(spec.UserConfig, nd.UserConfig); {
+	switch same, err := replica.SameUserConfig(spec.UserConfig, nd.UserConfig); {
 	case fileHasNone:
 	case err != nil:
 		return nil, fieldError(next, rl.path, df+".user_config", err).Error()
@@ -367,22 +367,6 @@ func changedFields(a, b any, skip ...string) []string {
 		}
 	}
 	return out
-}
-
-// sameJSON reports whether a and b hold the same JSON value (nil is no
-// value), whatever their spacing and key order.
-func sameJSON(a, b json.RawMessage) (bool, error) {
-	if a == nil || b == nil {
-		return a == nil && b == nil, nil
-	}
-	var va, vb any
-	if err := json.Unmarshal(a, &va); err != nil {
-		return false, err
-	}
-	if err := json.Unmarshal(b, &vb); err != nil {
-		return false, err
-	}
-	return reflect.DeepEqual(va, vb), nil
 }
 
 // compactJSON is b without its spaces, for a log line.
