@@ -148,6 +148,9 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 // take it for '/'), and a segment's ";parameters" do not count (Tomcat
 // and Spring resolve "..;x" as "..").
 func hasDotSegment(path string) bool {
+	if strings.IndexByte(path, '.') < 0 {
+		return false // most paths: IndexAny's loop below was 1% of the CPU
+	}
 	for len(path) > 0 {
 		i := strings.IndexAny(path, `/\`)
 		seg := path
