@@ -683,6 +683,22 @@ func TestAccessLogLine(t *testing.T) {
 		!strings.HasPrefix(line["remote_addr"].(string), "127.0.0.1:") {
 		t.Fatalf("access log line = %v", line)
 	}
+
+	// A HEAD's body, written by its handler, is dropped by net/http: none
+	// was sent.
+	req, _ := http.NewRequest(http.MethodHead, tp.url+"/", nil)
+	req.Header.Set("X-Request-ID", "rid-head")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	waitFor(t, "the HEAD's line", func() bool { return strings.Contains(tp.access.String(), "rid-head") })
+	for _, l := range strings.Split(tp.access.String(), "\n") {
+		if strings.Contains(l, "rid-head") && !strings.Contains(l, `"bytes":0,`) {
+			t.Errorf("a HEAD's line = %s, want bytes 0", l)
+		}
+	}
 }
 
 // A 5xx's access-log line says why; a 200's has no error.

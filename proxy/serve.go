@@ -118,7 +118,9 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	}
 	res.end = time.Now()
 	res.switchedAt = sw.switchedAt
-	res.bytes = sw.sent
+	if r.Method != http.MethodHead {
+		res.bytes = sw.sent // net/http drops a HEAD's body: nothing was sent
+	}
 	if res.status == StatusClientClosedRequest && p.cut.Load() {
 		res.status, res.cut = http.StatusServiceUnavailable, true // see Proxy.cut
 		res.err = errCutAtShutdown

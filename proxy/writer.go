@@ -30,10 +30,11 @@ type statusWriter struct {
 	hijacks    *hijackedConns
 	switchedAt time.Time
 	// sent counts the body's bytes written (for the access log, and the
-	// send timeout; net/http takes, and drops, a HEAD's). sendTimeout, if above 0, bounds each write to the
-	// client once the response is past what net/http buffers (see
-	// armSend); sendArmed is set once the connection's write deadline is,
-	// and writeErr is the first failed write.
+	// send timeout; net/http takes, and drops, a HEAD's: not logged).
+	// sendTimeout, if above 0, bounds each write to the client once the
+	// response is past what net/http buffers (see armSend); sendArmed is
+	// set once the connection's write deadline is, and writeErr is the
+	// first failed write.
 	sendTimeout time.Duration
 	sent        int
 	sendArmed   bool
