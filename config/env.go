@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"reflect"
 	"slices"
 	"strconv"
@@ -116,6 +117,17 @@ type Env struct {
 var logLevels = []string{"trace", "debug", "info", "warn", "error"}
 
 var logFormats = []string{"json", "console"}
+
+// Environ returns the process's environment as the map ReadEnv takes.
+func Environ() map[string]string {
+	m := make(map[string]string)
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
 
 // ReadEnv reads the PROXY_* variables from environ, a map of variable
 // names to values (os.Environ's contents, or a test's), and checks them.

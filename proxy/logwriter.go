@@ -7,7 +7,25 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rs/zerolog"
 )
+
+// NewLogger returns the process's own logger, as the proxy and the
+// replica host log: JSON lines (or zerolog's console format, for format
+// "console") on w, with millisecond times, at level (info when it does not
+// parse: PROXY_LOG_LEVEL has been validated before).
+func NewLogger(w io.Writer, level, format string) zerolog.Logger {
+	zerolog.TimeFieldFormat = LogTimeFormat
+	lv, err := zerolog.ParseLevel(level)
+	if err != nil {
+		lv = zerolog.InfoLevel
+	}
+	if format == "console" {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+	}
+	return zerolog.New(w).Level(lv).With().Timestamp().Logger()
+}
 
 // logCloseTimeout bounds how long closing a log waits for its output: a
 // log collector that stopped reading must not hold up the proxy's exit.

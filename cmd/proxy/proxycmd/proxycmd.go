@@ -27,9 +27,6 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-	"time"
-
-	"github.com/rs/zerolog"
 
 	"github.com/serveproxy/serveproxy/config"
 	"github.com/serveproxy/serveproxy/gctune"
@@ -56,17 +53,7 @@ const (
 // stop, 1 when it could not start or stop cleanly, 2 for bad flags,
 // environment or config. A nil reg serves the built-in kinds.
 func Main(reg *replica.Registry) int {
-	return Run(os.Args[1:], environ(), reg, os.Stdout, os.Stderr)
-}
-
-func environ() map[string]string {
-	m := make(map[string]string)
-	for _, kv := range os.Environ() {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			m[k] = v
-		}
-	}
-	return m
+	return Run(os.Args[1:], config.Environ(), reg, os.Stdout, os.Stderr)
 }
 
 // Run is Main with the arguments (without the program's name), the
@@ -148,7 +135,7 @@ func Run(args []string, env map[string]string, reg *replica.Registry, stdout, st
 	defer signal.Stop(pipe)
 	logOut := proxy.NewLogWriter(stderr)
 	defer logOut.Close()
-	log := newLogger(logOut, e)
+	log := proxy.NewLogger(logOut, e.LogLevel, e.LogFormat)
 	log.Info().Str("version", versionString()).Str("config", displayName(path)).
 		Str("http_addr", httpAddr(cfg)).Str("admin_addr", e.AdminAddr).
 		Bool("access_log", e.AccessLog).Stringer("request_timeout", cfg.HTTPOptions.RequestTimeout()).
@@ -335,18 +322,6 @@ func displayName(path string) string {
 		return "(built-in benchmark app)"
 	}
 	return path
-}
-
-func newLogger(w io.Writer, e config.Env) zerolog.Logger {
-	zerolog.TimeFieldFormat = proxy.LogTimeFormat
-	level, err := zerolog.ParseLevel(e.LogLevel)
-	if err != nil {
-		level = zerolog.InfoLevel // ReadEnv has validated it already
-	}
-	if e.LogFormat == "console" {
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
-	}
-	return zerolog.New(w).Level(level).With().Timestamp().Logger()
 }
 
 func versionString() string {

@@ -73,17 +73,7 @@ const (
 func Main(reg *replica.Registry) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	return Run(ctx, os.Args[1:], environ(), reg, os.Stdout, os.Stderr)
-}
-
-func environ() map[string]string {
-	m := make(map[string]string)
-	for _, kv := range os.Environ() {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			m[k] = v
-		}
-	}
-	return m
+	return Run(ctx, os.Args[1:], config.Environ(), reg, os.Stdout, os.Stderr)
 }
 
 // Run is Main without the process: args are the flags (without the
@@ -165,7 +155,7 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 	defer signal.Stop(pipe)
 	logOut := proxy.NewLogWriter(stderr)
 	defer logOut.Close()
-	log := newLogger(logOut, e)
+	log := proxy.NewLogger(logOut, e.LogLevel, e.LogFormat)
 	for _, w := range config.UnknownEnv(env) {
 		log.Warn().Msg(w)
 	}
@@ -267,18 +257,6 @@ func serverTLS(cert, key, clientCA string, log zerolog.Logger) (*tls.Config, err
 func isLoopback(a net.Addr) bool {
 	ta, ok := a.(*net.TCPAddr)
 	return ok && ta.IP.IsLoopback()
-}
-
-func newLogger(w io.Writer, e config.Env) zerolog.Logger {
-	zerolog.TimeFieldFormat = proxy.LogTimeFormat // milliseconds, as the proxy's
-	level, err := zerolog.ParseLevel(e.LogLevel)
-	if err != nil {
-		level = zerolog.InfoLevel // ReadEnv has validated it already
-	}
-	if e.LogFormat == "console" {
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
-	}
-	return zerolog.New(w).Level(level).With().Timestamp().Logger()
 }
 
 // fromConfig finds the deployment app/name of the proxy config at path,
