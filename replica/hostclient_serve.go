@@ -462,20 +462,8 @@ func (c *HostConn) appendRequestHeaders(b []byte, r *http.Request) ([]byte, erro
 	}
 	ip, ok, trust := forwardedFor(r.RemoteAddr, c.o.TrustedProxies)
 	for k, vv := range in {
-		if isHopHeader(k) || (len(conn) > 0 && hasToken(conn, k)) {
-			continue
-		}
-		switch k {
-		case "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host":
-			continue // set below
-		case "Forwarded", "X-Real-Ip":
-			if !trust {
-				continue // the client's own word for its address
-			}
-		case "Via":
-			if c.via != "" {
-				continue // below, with ours
-			}
+		if !passHeader(k, conn, trust, c.via != "") {
+			continue // hop-by-hop, or set below
 		}
 		if len(k) > 0xffff {
 			return b[:at], errTooLong

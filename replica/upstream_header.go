@@ -34,6 +34,26 @@ func isHopHeader(k string) bool {
 	return len(k) > len("Proxy-") && k[:len("Proxy-")] == "Proxy-"
 }
 
+// passHeader reports whether the client's header k goes on to the replica:
+// not a hop-by-hop one nor one the Connection values conn name, not one
+// the proxy sets itself (X-Forwarded-For, -Proto and -Host; Via when it
+// adds its own, via), and Forwarded and X-Real-IP only from a trusted
+// peer, as they are the client's own word for its address otherwise.
+func passHeader(k string, conn []string, trust, via bool) bool {
+	if isHopHeader(k) || (len(conn) > 0 && hasToken(conn, k)) {
+		return false
+	}
+	switch k {
+	case "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host":
+		return false
+	case "Forwarded", "X-Real-Ip":
+		return trust
+	case "Via":
+		return !via
+	}
+	return true
+}
+
 // hasToken reports whether one of the comma-separated lists in values holds
 // token, compared without case, as Connection and TE values are.
 func hasToken(values []string, token string) bool {
@@ -87,18 +107,9 @@ func (u *Upstream) requestHeader(o *outgoing, r *http.Request) http.Header {
 	h := make(http.Header, len(in)+4)
 	ip, ok, trust := forwardedFor(r.RemoteAddr, u.trusted)
 	for k, vv := range in {
-		if isHopHeader(k) || (len(conn) > 0 && hasToken(conn, k)) {
-			continue
+		if passHeader(k, conn, trust, u.via != "") {
+			h[k] = vv
 		}
-		switch k {
-		case "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host":
-			continue // set below
-		case "Forwarded", "X-Real-Ip":
-			if !trust {
-				continue // the client's own word for its address
-			}
-		}
-		h[k] = vv
 	}
 	// Tell the replica that trailers can be passed on, when the client
 	// said it takes them (gRPC-style servers check).
