@@ -20,6 +20,7 @@ type fullServer struct {
 	url      string
 	refusals atomic.Int64 // left to give
 	refused  atomic.Int64 // given
+	close    func()       // stops it: connections refused from then on
 }
 
 func startFullServer(t *testing.T, n int64) *fullServer {
@@ -44,7 +45,8 @@ func startFullServer(t *testing.T, n int64) *fullServer {
 		_, _ = io.WriteString(w, "ok:"+string(b))
 	})}
 	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	fs.close = func() { _ = srv.Close() }
+	t.Cleanup(fs.close)
 	fs.url = "http://" + l.Addr().String()
 	return fs
 }
@@ -87,6 +89,27 @@ func TestFullEverywhereWaitsAndTriesAgain(t *testing.T) {
 		t.Fatalf("POST after 10 refusals: %d %q, want 200 with the body intact", resp.StatusCode, b)
 	}
 	t.Logf("answered after %d refusals, in %v", full.refused.Load(), time.Since(start).Round(time.Millisecond))
+}
+
+// A round of tries that ends on a replica gone, after others refused as
+// full, waits and tries again as an all-full round does: it had been a
+// 502 while two replicas had room a moment later. The order of the tries
+// is random; each of the 12 proxies here ends its round on the dead
+// replica with a chance of 1 in 3.
+func TestFullThenGoneWaitsAndTriesAgain(t *testing.T) {
+	for i := range 12 {
+		a, b := startFullServer(t, 1), startFullServer(t, 1)
+		gone := startFullServer(t, 0)
+		tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", healthPeriod: time.Hour, targets: []string{a.url, b.url, gone.url}})
+		sched := tp.Deployments()[0].Scheduler
+		waitFor(t, "three replicas routable", func() bool { return len(sched.Replicas()) == 3 })
+		gone.close()
+		resp, body := get(t, tp.url+"/x")
+		if resp.StatusCode != http.StatusOK || body != "ok:" {
+			t.Fatalf("proxy %d: %d %q, want 200 from a replica once it had room", i, resp.StatusCode, body)
+		}
+		_ = tp.stop()
+	}
 }
 
 // A request waiting out its replicas' refusals counts as queued: against

@@ -247,6 +247,7 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 	}
 
 	var tried [maxAttempts]replica.Handle // the replicas that refused it, this round
+	sawFull := false                      // one of them was full
 	backoff := fullBackoffInitial
 	backedOff := false
 	for attempt := 1; ; attempt++ {
@@ -300,17 +301,19 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 			break
 		}
 		tried[attempt-1] = h
+		var full *replica.FullError
+		sawFull = sawFull || errors.As(res.err, &full)
 		if attempt < maxAttempts {
 			continue
 		}
-		var full *replica.FullError
-		if !errors.As(res.err, &full) {
-			break
+		if !sawFull {
+			break // unreachable or refused, each of them: 502
 		}
-		// Each replica tried was full at its own count, as when other
-		// proxies share them: the request waits as a queued one does
-		// (Serve's router backs off and tries again), rather than fail
-		// while its deployment has room for it to wait.
+		// The replicas tried were full at their own count (as when other
+		// proxies share them), or gone (out of routing now): the request
+		// waits as a queued one does (Serve's router backs off and tries
+		// again), rather than fail while its deployment has room for it
+		// to wait. A round that ended on a replica gone had been a 502.
 		if err := rt.Scheduler.Backoff(ctx, backoff); err != nil {
 			res.replica = nil // no replica's error: it ended waiting
 			res.err = err
@@ -320,7 +323,7 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 		}
 		backoff = min(2*backoff, fullBackoffMax)
 		backedOff = true
-		attempt = 0
+		attempt, sawFull = 0, false
 		tried = [maxAttempts]replica.Handle{}
 	}
 	// (A handler that took the connection over has nothing left to abort.)
