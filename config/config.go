@@ -132,6 +132,12 @@ type Deployment struct {
 	// "command" answers health checks on, with any 2xx; "/-/healthz" by
 	// default.
 	HealthCheckPath string `yaml:"health_check_path"`
+	// UpstreamHost, for handler "upstream", is the Host header its
+	// replicas get (nginx's proxy_set_header Host), for a server that
+	// routes by virtual host; if empty, the client's Host goes on, as
+	// HAProxy and Go's ReverseProxy pass it. X-Forwarded-Host keeps the
+	// client's either way.
+	UpstreamHost string `yaml:"upstream_host"`
 
 	// Command is the program and arguments of handler "command": the
 	// proxy starts NumReplicas of them, each with PORT and REPLICA_ID in

@@ -196,6 +196,9 @@ func (v *validator) deployment(d *Deployment, p fieldPath) {
 	}
 	v.period(p.child("discovery_interval_s"), d.DiscoveryIntervalS)
 	v.seconds(p.child("replica_timeout_s"), d.ReplicaTimeoutS, true)
+	if d.UpstreamHost != "" && !validHostHeader(d.UpstreamHost) {
+		v.report(p.child("upstream_host"), "must be a host name or address, with a port or not (api.example.com, 10.0.0.5:8000), got %q", d.UpstreamHost)
+	}
 	v.handlerKind(d, p)
 }
 
@@ -213,6 +216,7 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 		}
 	}
 	only("upstreams", HandlerUpstream, d.Upstreams != nil)
+	only("upstream_host", HandlerUpstream, d.UpstreamHost != "")
 	discovers("discovery", d.Discovery != "")
 	discovers("discovery_server", d.DiscoveryServer != "")
 	// (A zero is reported as out of range already, not as misplaced.)
@@ -474,4 +478,18 @@ func validHost(h string) bool {
 		}
 	}
 	return true
+}
+
+// validHostHeader reports whether h is a Host header's value: a host
+// name or an IP address (IPv6 in brackets), then a port or not.
+func validHostHeader(h string) bool {
+	if host, port, err := net.SplitHostPort(h); err == nil {
+		n, err := strconv.Atoi(port)
+		return host != "" && validHost(host) && err == nil && n >= 1 && n <= 65535
+	}
+	if inner, ok := strings.CutPrefix(h, "["); ok {
+		a, err := netip.ParseAddr(strings.TrimSuffix(inner, "]"))
+		return strings.HasSuffix(inner, "]") && err == nil && a.Is6()
+	}
+	return h != "" && !strings.Contains(h, ":") && validHost(h)
 }

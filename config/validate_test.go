@@ -143,6 +143,11 @@ func TestParseErrors(t *testing.T) {
 		{"replica_timeout_s negative", kindDeployment("upstream", "        upstreams: [http://a:1]\n        replica_timeout_s: -1\n"), "applications[0].deployments[0].replica_timeout_s", 7, "must be >= 0"},
 		{"host_handler on echo", withDeployment("        host_handler: static\n"), "applications[0].deployments[0].host_handler", 6, `is only for handler "host"`},
 		{"hosts on echo", withDeployment("        hosts: [\"a:1\"]\n"), "applications[0].deployments[0].hosts", 6, `is only for handler "host"`},
+		{"upstream_host with a scheme", kindDeployment("upstream", "        upstreams: [http://a:1]\n        upstream_host: http://api.example.com\n"), "applications[0].deployments[0].upstream_host", 7, `must be a host name or address, with a port or not (api.example.com, 10.0.0.5:8000), got "http://api.example.com"`},
+		{"upstream_host with a path", kindDeployment("upstream", "        upstreams: [http://a:1]\n        upstream_host: api.example.com/v1\n"), "applications[0].deployments[0].upstream_host", 7, "must be a host name or address"},
+		{"upstream_host bad port", kindDeployment("upstream", "        upstreams: [http://a:1]\n        upstream_host: api.example.com:70000\n"), "applications[0].deployments[0].upstream_host", 7, "must be a host name or address"},
+		{"upstream_host bare IPv6", kindDeployment("upstream", "        upstreams: [http://a:1]\n        upstream_host: \"::1\"\n"), "applications[0].deployments[0].upstream_host", 7, "must be a host name or address"},
+		{"upstream_host on command", kindDeployment("command", "        command: [./x]\n        upstream_host: api.example.com\n"), "applications[0].deployments[0].upstream_host", 7, `is only for handler "upstream"`},
 		{"upstream without upstreams", kindDeployment("upstream", ""), "applications[0].deployments[0].upstreams", 4, `needs upstreams (a list of URLs) or discovery`},
 		{"upstream both", kindDeployment("upstream", "        upstreams: [http://10.0.0.5:8000]\n        discovery: dns://svc.local:8000\n"), "applications[0].deployments[0].discovery", 7, "not both"},
 		{"upstream bad scheme", kindDeployment("upstream", "        upstreams: [ftp://10.0.0.5]\n"), "applications[0].deployments[0].upstreams[0]", 6, "http:// or https://"},
@@ -491,5 +496,18 @@ func TestOddKeyQuoted(t *testing.T) {
 	errs := parseErrors(t, minimalYAML+"\"bogus\\nfield\": 1\n")
 	if len(errs) != 1 || !strings.Contains(errs[0].Error(), `"bogus\nfield": unknown field`) || strings.Contains(errs[0].Error(), "\n") {
 		t.Fatalf("got %q, want the key quoted on one line", errs)
+	}
+}
+
+func TestValidHostHeader(t *testing.T) {
+	for h, want := range map[string]bool{
+		"api.example.com": true, "api.example.com:8443": true, "10.0.0.5": true, "10.0.0.5:80": true,
+		"[::1]": true, "[::1]:8000": true, "localhost": true,
+		"": false, "::1": false, "[::1": false, "[10.0.0.5]": false, "api.example.com:": false, "api.example.com:0": false,
+		"api.example.com:x": false, "http://api": false, "a/b": false, "a b": false, "user@api": false, "-api": false,
+	} {
+		if got := validHostHeader(h); got != want {
+			t.Errorf("validHostHeader(%q) = %v, want %v", h, got, want)
+		}
 	}
 }

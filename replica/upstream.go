@@ -48,6 +48,11 @@ type UpstreamOptions struct {
 	// -Host are kept. If empty, no peer is trusted: the headers are always
 	// set from what the proxy saw.
 	TrustedProxies []netip.Prefix
+	// Host, if not empty, is the Host header of every request and health
+	// check (a virtual-hosting server's name for the service); if empty,
+	// requests carry the client's Host and health checks the URL's.
+	// X-Forwarded-Host keeps the client's either way.
+	Host string
 	// Via, if not empty, is the pseudonym this proxy adds to the Via header
 	// of requests and responses ("1.1 <Via>"). If empty, Via is passed on
 	// untouched.
@@ -84,6 +89,7 @@ type Upstream struct {
 	healthURL string
 	trusted   []netip.Prefix
 	via       string // "1.1 <pseudonym>", or "" for none
+	host      string // UpstreamOptions.Host
 	keepBody  int    // RetryBodyLimit, resolved; 0 keeps nothing
 
 	rt          http.RoundTripper
@@ -159,6 +165,7 @@ func NewUpstream(id, baseURL string, o UpstreamOptions) (*Upstream, error) {
 		trusted:  o.TrustedProxies,
 		rt:       o.Transport,
 		health:   o.HealthTransport,
+		host:     o.Host,
 	}
 	u.init(o.MaxOngoing, o.OnRelease)
 	u.healthURL = (&url.URL{Scheme: base.Scheme, Host: base.Host}).String() + u.baseRaw + hp
@@ -266,6 +273,9 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 	out.Response = nil
 	o.upgrade = upgradeRequested(r)
 	out.Header = u.requestHeader(o, r)
+	if u.host != "" {
+		out.Host = u.host
+	}
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		// A nil body lets the transport retry by itself on a keep-alive
 		// connection that the server closed just as it was reused.
@@ -643,6 +653,9 @@ func (u *Upstream) CheckHealth(ctx context.Context) error {
 		return fmt.Errorf("replica %s: health check: %w", u.id, err)
 	}
 	req.Header["User-Agent"] = []string{"serveproxy-health-check"}
+	if u.host != "" {
+		req.Host = u.host
+	}
 	res, err := u.health.RoundTrip(req)
 	if err != nil {
 		return fmt.Errorf("replica %s: health check GET %s: %w", u.id, u.healthURL, err)

@@ -387,6 +387,34 @@ func TestUpstreamForwardedHeaders(t *testing.T) {
 	}
 }
 
+// With Host set, the replica and its health checks get that Host (a
+// virtual-hosting server's name), and X-Forwarded-Host the client's.
+func TestUpstreamHost(t *testing.T) {
+	leakCheck(t)
+	var hosts sync.Map // path -> Host seen
+	backend := newBackend(t, func(w http.ResponseWriter, r *http.Request) {
+		hosts.Store(r.URL.Path, r.Host+" "+r.Header.Get("X-Forwarded-Host"))
+	})
+	for _, tc := range []struct{ host, wantServe, wantHealth string }{
+		{"api.internal:8443", "api.internal:8443 front.test", "api.internal:8443 "},
+		{"", "front.test front.test", strings.TrimPrefix(backend.URL, "http://") + " "},
+	} {
+		u := newUpstream(t, backend.URL, UpstreamOptions{Host: tc.host})
+		if err := serveOnce(t, u, newSpy(), httptest.NewRequest(http.MethodGet, "http://front.test/x", nil)); err != nil {
+			t.Fatal(err)
+		}
+		if err := u.CheckHealth(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := hosts.Load("/x"); got != tc.wantServe {
+			t.Errorf("Host %q: the request's Host and X-Forwarded-Host = %q, want %q", tc.host, got, tc.wantServe)
+		}
+		if got, _ := hosts.Load(DefaultHealthPath); got != tc.wantHealth {
+			t.Errorf("Host %q: the health check's = %q, want %q", tc.host, got, tc.wantHealth)
+		}
+	}
+}
+
 // TestUpstreamStreaming checks that a chunked response reaches the client
 // as it is written: the client reads the first chunk while the replica's
 // handler still waits to write the second.

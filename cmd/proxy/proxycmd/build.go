@@ -221,6 +221,7 @@ func upstreamOptions(d config.Deployment, e config.Env) replica.UpstreamOptions 
 		HealthTransport: health,
 		TrustedProxies:  e.TrustedProxies,
 		Via:             e.Via,
+		Host:            d.UpstreamHost,
 	}
 }
 
