@@ -259,8 +259,17 @@ func (p *Proxy) putUserConfig(w http.ResponseWriter, r *http.Request) {
 			out.Results[i].Replaced = err == nil && d.Replaces() && !errors.Is(res.Err, context.DeadlineExceeded)
 		}
 	}
+	kept := 0 // failed, and not replaced: given it again at each health check
+	for _, r := range out.Results {
+		if !r.OK && !r.Replaced {
+			kept++
+		}
+	}
 	status := http.StatusOK
 	switch {
+	case err == nil && kept > 0:
+		status = http.StatusMultiStatus // as PUT /-/gc with a replica that failed
+		out.Error = fmt.Sprintf("%d of %d replicas have not taken it, and were not replaced (see results)", kept, len(out.Results))
 	case errors.Is(err, replica.ErrNotAnObject):
 		writeJSONError(w, http.StatusBadRequest, err)
 		return
@@ -271,10 +280,14 @@ func (p *Proxy) putUserConfig(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusUnprocessableEntity // nothing changed
 		out.Error = err.Error()
 	}
-	if status == http.StatusOK {
+	switch status {
+	case http.StatusOK:
 		p.opts.Log.Info().Str("application", d.App()).Str("deployment", d.Name()).Int("status", status).
 			Msg("user_config changed through the admin API")
-	} else {
+	case http.StatusMultiStatus:
+		p.opts.Log.Warn().Str("application", d.App()).Str("deployment", d.Name()).Int("status", status).Str("error", out.Error).
+			Msg("user_config changed through the admin API, but not on every replica")
+	default:
 		p.opts.Log.Warn().Str("application", d.App()).Str("deployment", d.Name()).Int("status", status).Str("error", out.Error).
 			Msg("user_config change through the admin API refused; nothing changed")
 	}

@@ -491,3 +491,44 @@ func TestReloadEndpoint(t *testing.T) {
 		t.Errorf("%d replicas after a scale while draining, want 1", n)
 	}
 }
+
+// refusingStatic is a static handler whose Reconfigure always fails.
+type refusingStatic struct{ replica.Handler }
+
+func (refusingStatic) Reconfigure(context.Context, json.RawMessage) error {
+	return errors.New("not today")
+}
+
+// A reconfigure that some replicas it cannot replace refused (a replica
+// host's actors) answers 207, each replica's result listed, as PUT /-/gc
+// does: a 200 had read as "every replica has it".
+func TestReconfigurePartialIs207(t *testing.T) {
+	connect := func(_ context.Context, id, target string, onRelease func()) ([]replica.Replica, error) {
+		st, err := replica.NewStatic(json.RawMessage(`{"body":"v1"}`))
+		if err != nil {
+			return nil, err
+		}
+		var h replica.Handler = st
+		if target == "bad" {
+			h = refusingStatic{st}
+		}
+		return []replica.Replica{replica.NewLocal(id, h, 5, onRelease)}, nil
+	}
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", targets: []string{"good", "bad"}, connect: connect})
+	waitFor(t, "both replicas routable", func() bool { return len(tp.Deployments()[0].Scheduler.Replicas()) == 2 })
+	var ans reconfigureAnswer
+	code := putJSON(t, tp.adminURL+"/-/applications/a/deployments/a-dep/user_config", `{"body":"v2"}`, &ans)
+	if code != http.StatusMultiStatus || !strings.Contains(ans.Error, "1 of 2 replicas have not taken it") || len(ans.Results) != 2 {
+		t.Fatalf("PUT user_config with one refusing = %d %+v, want 207", code, ans)
+	}
+	for _, r := range ans.Results {
+		if r.OK == strings.Contains(r.Error, "not today") {
+			t.Errorf("result %+v", r)
+		}
+	}
+	for i := range 20 {
+		if _, body := get(t, tp.url+"/"); body != "v2" {
+			t.Fatalf("request %d: %q, want the new config from the replica that took it (the other out of routing)", i, body)
+		}
+	}
+}

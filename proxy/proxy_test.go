@@ -36,8 +36,10 @@ type testDeployment struct {
 	// grace is graceful_shutdown_timeout_s; 10 s if zero.
 	grace      time.Duration
 	userConfig string
-	// targets, if set, makes the deployment's replicas upstreams to them.
+	// targets, if set, makes the deployment's replicas upstreams to them,
+	// or what connect returns for each, if set.
 	targets []string
+	connect func(ctx context.Context, id, target string, onRelease func()) ([]replica.Replica, error)
 }
 
 // testProxy is a proxy serving on loopback listeners.
@@ -125,8 +127,8 @@ func startProxyWith(t *testing.T, opts Options, so ServerOptions, deps ...testDe
 		if td.userConfig != "" {
 			userConfig = json.RawMessage(td.userConfig)
 		}
-		var connect func(ctx context.Context, id, target string, onRelease func()) ([]replica.Replica, error)
-		if td.targets != nil {
+		connect := td.connect
+		if td.targets != nil && connect == nil {
 			maxOngoing := td.maxOngoing
 			connect = func(_ context.Context, id, target string, onRelease func()) ([]replica.Replica, error) {
 				r, err := replica.NewUpstreamReplica(id, target, replica.UpstreamOptions{MaxOngoing: maxOngoing, OnRelease: onRelease, HealthPath: "/"})
