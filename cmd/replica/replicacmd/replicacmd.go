@@ -32,10 +32,12 @@
 // (PROXY_LOG_LEVEL, PROXY_LOG_FORMAT). It prints "listening on ADDR" to
 // stdout once the socket is bound, so scripts can wait for that line. On
 // SIGTERM or SIGINT it refuses new requests (the proxies send them to other
-// replicas), waits up to -grace for those it holds, and exits 0.
+// replicas), waits up to -grace for those it holds, and exits 0. SIGHUP is
+// logged and ignored: a host reloads nothing.
 package replicacmd
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -46,6 +48,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -132,15 +135,26 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 		fmt.Fprintf(stderr, "replica: environment: %v\n", err)
 		return exitInvalid
 	}
+	// What the file gave is named as the file's, not as a flag not given.
+	handlerFrom, configFrom := "-handler", "-user-config"
+	if *configPath != "" {
+		handlerFrom = fmt.Sprintf("%s: deployment %s: host_handler", *configPath, *deployment)
+		configFrom = fmt.Sprintf("%s: deployment %s: user_config", *configPath, *deployment)
+	}
 	factory, err := reg.Lookup(*handler)
 	if err != nil {
-		fmt.Fprintf(stderr, "replica: -handler: %v\n", err)
+		if !slices.Contains([]string{config.HandlerHost, config.HandlerUpstream, config.HandlerCommand}, *handler) {
+			// Not Lookup's list, which names the proxy's kinds for
+			// replicas elsewhere: a host runs in-process kinds only.
+			err = fmt.Errorf("unknown handler %q (this binary's kinds: %s)", *handler, strings.Join(reg.Names(), ", "))
+		}
+		fmt.Fprintf(stderr, "replica: %s: %v\n", handlerFrom, err)
 		return exitInvalid
 	}
 	var uc json.RawMessage
 	if *userConfig != "" {
-		if !json.Valid([]byte(*userConfig)) {
-			fmt.Fprintf(stderr, "replica: -user-config: not valid JSON: %s\n", *userConfig)
+		if b := bytes.TrimSpace([]byte(*userConfig)); len(b) == 0 || b[0] != '{' || !json.Valid(b) {
+			fmt.Fprintf(stderr, "replica: %s: must be a JSON object, got %s\n", configFrom, *userConfig)
 			return exitInvalid
 		}
 		uc = json.RawMessage(*userConfig)
@@ -169,6 +183,9 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 		Replicas: *replicas, MaxOngoing: *maxOngoing, GC: gc, Log: log,
 	})
 	if err != nil {
+		if *configPath != "" {
+			err = fmt.Errorf("with %s's deployment %s: %w", *configPath, *deployment, err)
+		}
 		fmt.Fprintf(stderr, "replica: %v\n", err)
 		return exitInvalid
 	}
@@ -180,6 +197,11 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 	if tlsCfg != nil {
 		l = tls.NewListener(l, tlsCfg)
 	}
+	// A SIGHUP would kill the host (Go's default), cutting its requests:
+	// sent by one who reloads the proxy of the same file, say.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	// The bound address, not the flag's, so that ":0" says the real port.
 	fmt.Fprintf(stdout, "listening on %s\n", l.Addr())
 	st := gc.State()
@@ -194,14 +216,20 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 
 	served := make(chan error, 1)
 	go func() { served <- h.Serve(l) }()
-	select {
-	case err := <-served:
-		log.Error().Err(err).Msg("replica host: the listener failed")
-		_ = h.Close()
-		return exitFailed
-	case <-ctx.Done():
+wait:
+	for {
+		select {
+		case err := <-served:
+			log.Error().Err(err).Msg("replica host: the listener failed")
+			_ = h.Close()
+			return exitFailed
+		case <-hup:
+			log.Warn().Msg("replica host: SIGHUP ignored: a host reloads nothing (restart it to change its flags or file; the proxy takes a user_config change to its hosts itself)")
+		case <-ctx.Done():
+			break wait
+		}
 	}
-	log.Info().Dur("grace", *grace).Msg("replica host draining")
+	log.Info().Stringer("grace", *grace).Msg("replica host draining")
 	sctx, cancel := context.WithTimeout(context.Background(), *grace)
 	defer cancel()
 	err = h.Shutdown(sctx)

@@ -149,7 +149,7 @@ func TestRunServesARegisteredKind(t *testing.T) {
 		t.Errorf("-help: exit %d, %s", got, stderr.String())
 	}
 	if got := Run(context.Background(), []string{"-handler", "model"}, nil, reg, io.Discard, &stderr); got != exitInvalid ||
-		!strings.Contains(stderr.String(), `unknown handler "model" (registered: [echo shout sleep static]`) {
+		!strings.Contains(stderr.String(), `-handler: unknown handler "model" (this binary's kinds: echo, shout, sleep, static)`) {
 		t.Errorf("unknown kind: exit %d, %s", got, stderr.String())
 	}
 }
@@ -167,7 +167,9 @@ func TestRunBadInput(t *testing.T) {
 		code int
 	}{
 		{"unknown handler", []string{"-handler", "nope"}, `unknown handler "nope"`, exitInvalid},
-		{"bad user_config", []string{"-user-config", "{"}, "not valid JSON", exitInvalid},
+		{"bad user_config", []string{"-user-config", "{"}, "-user-config: must be a JSON object, got {", exitInvalid},
+		{"user_config not an object", []string{"-user-config", "[1, 2]"}, "-user-config: must be a JSON object, got [1, 2]", exitInvalid},
+		{"a kind for replicas elsewhere", []string{"-handler", "host"}, `-handler: handler "host" runs replicas outside the process`, exitInvalid},
 		{"user_config the handler refuses", []string{"-user-config", `{"bogus": 1}`}, "bogus", exitInvalid},
 		{"no replicas", []string{"-replicas", "0"}, "replicas must be 1 to 65535", exitInvalid},
 		{"negative grace", []string{"-grace", "-1s", "-listen", "127.0.0.1:0"}, "-grace: must be >= 0", exitInvalid},
@@ -339,8 +341,9 @@ func TestTLSFilesReloaded(t *testing.T) {
 	}
 }
 
-// TestSIGTERMDrains runs the binary: SIGTERM lets the request in flight
-// finish, then the process exits 0.
+// TestSIGTERMDrains runs the binary: SIGHUP changes nothing (it had
+// killed the host, cutting its requests), SIGTERM lets the request in
+// flight finish, then the process exits 0.
 func TestSIGTERMDrains(t *testing.T) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -382,6 +385,10 @@ func TestSIGTERMDrains(t *testing.T) {
 		inFlight <- answer{body, err}
 	}()
 	time.Sleep(100 * time.Millisecond) // the request is at the host
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +409,7 @@ func TestSIGTERMDrains(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the replica host did not exit after SIGTERM")
 	}
-	if !strings.Contains(stderr.String(), "replica host stopped") {
+	if !strings.Contains(stderr.String(), "replica host stopped") || !strings.Contains(stderr.String(), "SIGHUP ignored") {
 		t.Fatalf("stderr: %s", stderr.String())
 	}
 }
@@ -445,6 +452,14 @@ func TestRunFromConfig(t *testing.T) {
 	}
 	r.stop(t)
 
+	nope := filepath.Join(t.TempDir(), "nope.yaml")
+	if err := os.WriteFile(nope, []byte(strings.Replace(hostsConfig, "host_handler: static", "host_handler: nope", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	badConfig := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(badConfig, []byte(strings.Replace(hostsConfig, "user_config: {body: from the file}", "user_config: {colour: red}", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct {
 		args []string
 		want string
@@ -455,6 +470,8 @@ func TestRunFromConfig(t *testing.T) {
 		{[]string{"-config", path, "-deployment", "hi/plain"}, "not handler: host with a host_handler"},
 		{[]string{"-config", path, "-deployment", "hi/hi", "-replicas", "3"}, "-replicas: not with -config"},
 		{[]string{"-config", "/nonexistent.yaml", "-deployment", "hi/hi"}, "-config:"},
+		{[]string{"-config", nope, "-deployment", "hi/hi"}, nope + `: deployment hi/hi: host_handler: unknown handler "nope" (this binary's kinds: echo, sleep, static)`},
+		{[]string{"-config", badConfig, "-deployment", "hi/hi"}, "with " + badConfig + "'s deployment hi/hi: "},
 	} {
 		var stderr strings.Builder
 		if got := run(context.Background(), tt.args, map[string]string{"PROXY_GC_TUNING": "false"}, io.Discard, &stderr); got != exitInvalid || !strings.Contains(stderr.String(), tt.want) {
