@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -48,5 +49,73 @@ func TestDeploymentSpecValidate(t *testing.T) {
 			}
 			t.Errorf("NewDeployment: %v, want an error saying %q", err, c.want)
 		}
+	}
+}
+
+// closingHandler counts its Close calls.
+type closingHandler struct {
+	http.HandlerFunc
+	closes *atomic.Int32
+	twice  *atomic.Bool
+	closed atomic.Bool
+}
+
+func (c *closingHandler) Close() error {
+	if c.closed.Swap(true) {
+		c.twice.Store(true)
+	}
+	c.closes.Add(1)
+	return nil
+}
+
+// Every handler a deployment or a replica host built is closed once its
+// replica stops, scaled away or at the end, and never twice: handlers
+// holding goroutines or models had leaked them (found by a tester).
+func TestHandlersClosedWhenTheirReplicasStop(t *testing.T) {
+	var built, closes atomic.Int32
+	var twice atomic.Bool
+	factory := func(json.RawMessage) (Handler, error) {
+		built.Add(1)
+		return &closingHandler{HandlerFunc: func(http.ResponseWriter, *http.Request) {}, closes: &closes, twice: &twice}, nil
+	}
+	d, err := NewDeployment(context.Background(), DeploymentSpec{
+		App: "a", Name: "d", Factory: factory, NumReplicas: 3, MaxOngoingRequests: 1,
+		HealthCheckPeriod: time.Hour, HealthCheckTimeout: time.Second, GracefulShutdownTimeout: time.Second,
+	}, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	if err := d.Scale(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for closes.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := closes.Load(); got != 2 {
+		t.Fatalf("after a scale from 3 to 1: %d handlers closed, want 2", got)
+	}
+	if err := d.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if closes.Load() != built.Load() || twice.Load() {
+		t.Fatalf("after Stop: %d built, %d closed (twice: %v)", built.Load(), closes.Load(), twice.Load())
+	}
+
+	built.Store(0)
+	closes.Store(0)
+	h, err := NewHost(HostConfig{Name: "h", Factory: factory, Replicas: 2, MaxOngoing: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = h.Close()
+	if closes.Load() != 2 || built.Load() != 2 || twice.Load() {
+		t.Fatalf("after a host's Shutdown and Close: %d built, %d closed (twice: %v)", built.Load(), closes.Load(), twice.Load())
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"sort"
@@ -20,8 +21,24 @@ type Handler interface {
 }
 
 // Factory builds one replica's Handler from the deployment's user_config
-// (nil when the config has none). It is called once per replica.
+// (nil when the config has none). It is called once per replica, and once
+// more wherever a user_config is checked before replicas get it (the
+// proxy's -check, start and reload): that
+// handler never serves, and is closed at once if it is an io.Closer.
+//
+// A Handler that holds resources (a goroutine, a model, a file) may
+// implement io.Closer, as a Serve deployment has __del__: Close is called
+// once, when its replica stops (replaced, scaled away, or at shutdown),
+// after its requests are done or cut at graceful_shutdown_timeout_s.
 type Factory func(userConfig json.RawMessage) (Handler, error)
+
+// CloseHandler closes h if it is an io.Closer, and is nil otherwise.
+func CloseHandler(h Handler) error {
+	if c, ok := h.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
 
 // HealthChecker is implemented by a Handler that can report its health, as a
 // Serve deployment's check_health method does. A non-nil error is a failed

@@ -256,6 +256,7 @@ func (h *Host) Shutdown(ctx context.Context) error {
 	defer linger.Stop()
 	select {
 	case <-done:
+		h.closeHandlers()
 		return err
 	case <-linger.C:
 	case <-ctx.Done():
@@ -267,6 +268,7 @@ func (h *Host) Shutdown(ctx context.Context) error {
 	h.mu.Unlock()
 	select {
 	case <-done:
+		h.closeHandlers()
 		return err
 	case <-ctx.Done():
 	}
@@ -294,7 +296,18 @@ func (h *Host) Close() error {
 	}
 	h.mu.Unlock()
 	h.wg.Wait()
+	h.closeHandlers()
 	return nil
+}
+
+// closeHandlers closes the actors' handlers (see Local.Stop), once the
+// requests are done or cut.
+func (h *Host) closeHandlers() {
+	for _, l := range h.actors {
+		if err := l.Stop(context.Background()); err != nil {
+			h.log.Warn().Str("replica", l.ID()).Err(err).Msg("replica host: closing a handler")
+		}
+	}
 }
 
 func (h *Host) closeListeners() {

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"runtime/debug"
@@ -46,6 +47,8 @@ type Local struct {
 	builtWith []byte
 	// checking is set while a health check runs (see checkHealth).
 	checking atomic.Bool
+	// stopped is set by the first Stop.
+	stopped atomic.Bool
 }
 
 var _ Handle = (*Local)(nil)
@@ -61,6 +64,16 @@ func NewLocal(id string, h Handler, maxOngoing int, onRelease func()) *Local {
 
 // ID implements Handle.
 func (l *Local) ID() string { return l.id }
+
+// Stop implements Stopper: the replica is done (drained, or its requests
+// cut at graceful_shutdown_timeout_s), and its handler, if it is an
+// io.Closer, is closed, once however often Stop is called.
+func (l *Local) Stop(context.Context) error {
+	if l.stopped.Swap(true) {
+		return nil
+	}
+	return CloseHandler(l.handler)
+}
 
 // Handler returns the replica's user code.
 func (l *Local) Handler() Handler { return l.handler }

@@ -230,9 +230,12 @@ func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Confi
 				continue
 			}
 			// Build one handler to validate user_config now rather than
-			// at the first replica.
-			if _, err := f(d.UserConfig); err != nil {
+			// at the first replica; it never serves.
+			h, err := f(d.UserConfig)
+			if err != nil {
 				found = append(found, fieldError(cfg, path, field+".user_config", err))
+			} else if err := replica.CloseHandler(h); err != nil {
+				found = append(found, fieldError(cfg, path, field+".user_config", fmt.Errorf("the handler built to check it did not close: %w", err)))
 			}
 		}
 	}
