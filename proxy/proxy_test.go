@@ -593,14 +593,26 @@ func TestAsteriskTarget(t *testing.T) {
 }
 
 func TestPanic500(t *testing.T) {
-	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	logs := &syncBuffer{}
+	tp := startProxy(t, Options{Log: zerolog.New(logs)}, testDeployment{app: "a", prefix: "/", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("panic") != "" {
 			panic("boom")
 		}
 		_, _ = io.WriteString(w, "fine")
 	})})
-	if resp, _ := get(t, tp.url+"/?panic=1"); resp.StatusCode != 500 {
+	if resp, _ := get(t, tp.url+"/?panic=1", "X-Request-ID", "rid-panic"); resp.StatusCode != 500 {
 		t.Fatalf("panic: %d, want 500", resp.StatusCode)
+	}
+	// The panic's line names what its access-log line does.
+	var line map[string]any
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "handler panicked") {
+			_ = json.Unmarshal([]byte(l), &line)
+		}
+	}
+	if line["panic"] != "boom" || line["request_id"] != "rid-panic" || line["application"] != "a" || line["deployment"] != "a-dep" ||
+		!strings.HasPrefix(fmt.Sprint(line["replica"]), "a-dep#") {
+		t.Errorf("the panic's log line = %v", line)
 	}
 	if resp, b := get(t, tp.url+"/"); resp.StatusCode != 200 || b != "fine" {
 		t.Fatalf("after the panic: %d %q, want the replica still serving", resp.StatusCode, b)

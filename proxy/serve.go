@@ -328,7 +328,7 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 	}
 	// (A handler that took the connection over has nothing left to abort.)
 	res.abort = res.err != nil && sw.switchedAt.IsZero() && (sw.wroteHeader || errors.Is(res.err, http.ErrAbortHandler))
-	res.status = p.finish(sw, r, res.err, res.abort)
+	res.status = p.finish(sw, r, &res)
 	return res
 }
 
@@ -369,7 +369,8 @@ func (p *Proxy) serveWithDeadline(ctx context.Context, h replica.Handle, release
 
 // finish decides a served request's status, answering for the replica when
 // it failed before writing anything.
-func (p *Proxy) finish(sw *statusWriter, r *http.Request, err error, abort bool) int {
+func (p *Proxy) finish(sw *statusWriter, r *http.Request, res *result) int {
+	err, abort := res.err, res.abort
 	if b := sw.reqBody; b != nil && b.timedOut.Load() && !sw.wroteHeader && sw.switchedAt.IsZero() {
 		// The client stalled its body: whatever its replica made of the
 		// failed read (the request's context ends with it), it is a 408,
@@ -387,8 +388,18 @@ func (p *Proxy) finish(sw *statusWriter, r *http.Request, err error, abort bool)
 			if switched {
 				msg = "handler panicked after taking its connection over"
 			}
-			p.opts.Log.Error().Str("panic", fmt.Sprint(pe.Value)).Bytes("stack", pe.Stack).
-				Str("path", r.URL.Path).Msg(msg)
+			// Named as its access-log line is, to be found beside it.
+			ev := p.opts.Log.Error().Str("panic", fmt.Sprint(pe.Value)).Bytes("stack", pe.Stack)
+			if ids := r.Header[requestIDHeader]; len(ids) > 0 {
+				ev.Str("request_id", clipped(ids[0]))
+			}
+			if rs := p.routeMeta[res.route]; rs != nil && rs.deployment != nil {
+				ev.Str("application", rs.deployment.App()).Str("deployment", rs.deployment.Name())
+			}
+			if res.replica != nil {
+				ev.Str("replica", res.replica.ID())
+			}
+			ev.Str("path", clipped(r.URL.Path)).Msg(msg)
 		}
 		if switched {
 			// The connection was the handler's (a WebSocket): there is

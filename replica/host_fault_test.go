@@ -415,6 +415,9 @@ func TestHostControl(t *testing.T) {
 		if !errors.As(err, &re) || !strings.Contains(err.Error(), "boom") || w.touched {
 			t.Fatalf("%v (%T), want a *ReplicaError about boom, nothing written", err, err)
 		}
+		if strings.Count(err.Error(), "panic") != 1 {
+			t.Errorf("%q: want \"panic\" said once", err)
+		}
 		if !strings.Contains(logs.String(), "handler panicked") {
 			t.Fatalf("the host did not log the panic: %s", logs.String())
 		}

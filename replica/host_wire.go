@@ -101,6 +101,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"strings"
 	"sync"
 )
 
@@ -231,7 +232,13 @@ func decodeError(code byte, msg string) error {
 	var is error
 	switch code {
 	case codePanic:
-		return &PanicError{Value: msg}
+		// The host's text is its PanicError's: "panic: " once, not twice
+		// ("handler panic: " from hosts before it was "panic: ").
+		v, ok := strings.CutPrefix(msg, "panic: ")
+		if !ok {
+			v = strings.TrimPrefix(msg, "handler panic: ")
+		}
+		return &PanicError{Value: v}
 	case codeAborted:
 		is = http.ErrAbortHandler
 	case codeUnknownActor:
