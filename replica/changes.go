@@ -26,13 +26,23 @@ var ErrFixedReplicas = errors.New("its replicas are its upstreams or its hosts' 
 // replaced by one built with userConfig. If no replica took it, nothing
 // changed: the old user_config stays and the error wraps ErrRejected (and
 // ErrNotReconfigurable when the handler takes none). A userConfig that is
-// not a JSON object is ErrNotAnObject, and no replica sees it.
+// not a JSON object is ErrNotAnObject, and one the Factory refuses (it
+// builds one handler to check, as the proxy's reload does) is ErrRejected
+// too: no replica sees either. A replica replaced for failing it would
+// never have started.
 func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage) ([]Result, error) {
 	if b := bytes.TrimSpace(userConfig); len(b) == 0 || b[0] != '{' || !json.Valid(b) {
 		if len(b) > 40 {
 			b = append(b[:40:40], "..."...)
 		}
 		return nil, fmt.Errorf("%w, got %q", ErrNotAnObject, b)
+	}
+	if f := d.spec.Factory; f != nil {
+		h, err := f(userConfig)
+		if err != nil {
+			return nil, fmt.Errorf("%w: the handler's factory refuses it: %w", ErrRejected, err)
+		}
+		_ = CloseHandler(h) // it never serves
 	}
 	d.control.Lock()
 	defer d.control.Unlock()

@@ -798,3 +798,25 @@ func TestDeadListTargetHoldsNoControl(t *testing.T) {
 		t.Errorf("Reconfigure waited %v on a repair pass's connect of a dead list target", worst)
 	}
 }
+
+// A user_config the factory refuses is refused before any replica sees
+// it: replicas that failed its reconfigure were replaced by ones that
+// could never start (found by a tester).
+func TestReconfigureFactoryRefuses(t *testing.T) {
+	h := &slowReconf{}
+	d := startDeployment(t, DeploymentSpec{NumReplicas: 2, UserConfig: json.RawMessage(`{"v":1}`),
+		Factory: func(uc json.RawMessage) (Handler, error) {
+			if strings.Contains(string(uc), "bad") {
+				return nil, errors.New("no such model")
+			}
+			return h, nil
+		}})
+	before := d.Replicas()
+	res, err := d.Reconfigure(context.Background(), json.RawMessage(`{"v":"bad"}`))
+	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "factory refuses it: no such model") || res != nil {
+		t.Fatalf("Reconfigure to what the factory refuses = %v, %v", res, err)
+	}
+	if got := string(d.Spec().UserConfig); got != `{"v":1}` || h.seen.Load() != nil || !slices.Equal(d.Replicas(), before) {
+		t.Fatalf("user_config %s, a replica saw %v: want nothing changed", got, h.seen.Load())
+	}
+}

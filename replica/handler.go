@@ -23,7 +23,7 @@ type Handler interface {
 // Factory builds one replica's Handler from the deployment's user_config
 // (nil when the config has none). It is called once per replica, and once
 // more wherever a user_config is checked before replicas get it (the
-// proxy's -check, start and reload): that
+// proxy's -check, start and reload, Deployment.Reconfigure): that
 // handler never serves, and is closed at once if it is an io.Closer.
 //
 // A Handler that holds resources (a goroutine, a model, a file) may
