@@ -39,7 +39,11 @@ func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage
 	}
 	if f := d.spec.Factory; f != nil {
 		h, err := f(userConfig)
-		if err != nil {
+		switch {
+		case err != nil && !d.reconfigurable():
+			// The first reason: no config change reaches these.
+			return nil, fmt.Errorf("%w: %w", ErrRejected, ErrNotReconfigurable)
+		case err != nil:
 			return nil, fmt.Errorf("%w: the handler's factory refuses it: %w", ErrRejected, err)
 		}
 		_ = CloseHandler(h) // it never serves
@@ -435,4 +439,18 @@ func (d *Deployment) ReportUnreachable(h Handle, cause error) {
 		d.log().Warn().Str("replica", r.ID()).Err(cause).Msg("replica unreachable: out of routing until a health check passes")
 		return
 	}
+}
+
+// reconfigurable reports whether the deployment's in-process handlers take
+// a new user_config (are Reconfigurers), as far as its replicas show.
+func (d *Deployment) reconfigurable() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, r := range d.replicas {
+		if l, ok := r.(*Local); ok {
+			_, ok := l.handler.(Reconfigurer)
+			return ok
+		}
+	}
+	return true
 }
