@@ -13,9 +13,12 @@ import (
 	"time"
 )
 
-// decodeUserConfig decodes a user_config strictly into v: unknown fields are
-// errors, so a typo in the YAML is never silently ignored.
-func decodeUserConfig(kind string, raw json.RawMessage, v any) error {
+// DecodeUserConfig decodes a user_config strictly into v, as the built-in
+// handlers do: unknown fields are errors, so a typo in the YAML is never
+// silently ignored, and the error names kind and the field as the YAML
+// spells it ("model: user_config: threshold: want a number, got a
+// string"). An empty or null config leaves v as it is.
+func DecodeUserConfig(kind string, raw json.RawMessage, v any) error {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil
 	}
@@ -61,7 +64,7 @@ func NewStatic(userConfig json.RawMessage) (Handler, error) {
 // Reconfigure replaces the response; requests in flight finish with the old one.
 func (s *Static) Reconfigure(_ context.Context, userConfig json.RawMessage) error {
 	cfg := staticConfig{Status: http.StatusOK, ContentType: "text/plain; charset=utf-8"}
-	if err := decodeUserConfig("static", userConfig, &cfg); err != nil {
+	if err := DecodeUserConfig("static", userConfig, &cfg); err != nil {
 		return err
 	}
 	if cfg.Status < 200 || cfg.Status > 599 {
@@ -106,7 +109,7 @@ type Echo struct{}
 // NewEcho is the Factory of the echo handler.
 func NewEcho(userConfig json.RawMessage) (Handler, error) {
 	var none struct{}
-	if err := decodeUserConfig("echo", userConfig, &none); err != nil {
+	if err := DecodeUserConfig("echo", userConfig, &none); err != nil {
 		return nil, err
 	}
 	return Echo{}, nil
@@ -160,7 +163,7 @@ func NewSleep(userConfig json.RawMessage) (Handler, error) {
 // Reconfigure replaces the delay and body.
 func (s *Sleep) Reconfigure(_ context.Context, userConfig json.RawMessage) error {
 	var cfg sleepConfig
-	if err := decodeUserConfig("sleep", userConfig, &cfg); err != nil {
+	if err := DecodeUserConfig("sleep", userConfig, &cfg); err != nil {
 		return err
 	}
 	if cfg.MS < 0 || cfg.MS > maxSleepMS {

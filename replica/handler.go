@@ -79,11 +79,18 @@ func NewRegistry() *Registry {
 // Go handler may take their names.
 var reservedHandlers = []string{"upstream", "command", "host"}
 
-// Register adds a handler kind. Registering a name twice, or a reserved
-// one ("upstream", "command", "host"), is an error.
+// Register adds a handler kind. Registering a name twice, a reserved one
+// ("upstream", "command", "host"), or one that is not a word of letters,
+// digits, '_', '-' and '.' (it is a YAML value, and part of a replica
+// host's actor ids, "addr/kind#0") is an error.
 func (r *Registry) Register(name string, f Factory) error {
 	if name == "" || f == nil {
 		return fmt.Errorf("replica: register: empty name or nil factory")
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return fmt.Errorf("replica: register: handler name %q: only letters, digits, '_', '-' and '.'", name)
+		}
 	}
 	if slices.Contains(reservedHandlers, name) {
 		return fmt.Errorf("replica: handler name %q is reserved for replicas outside the process", name)

@@ -102,7 +102,7 @@ func (d *Deployment) recordHealth(r Replica, err error, started time.Time) {
 			delete(d.unreachableAt, r)
 		}
 		if n := d.failures[r]; n > 0 {
-			log.Info().Int("consecutive_failures", n).Msg("replica passed its health check again")
+			log.Info().Int("failures_before", n).Msg("replica passed its health check again, after failing it")
 		}
 		d.failures[r] = 0
 		delete(d.failLogged, r)

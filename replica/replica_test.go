@@ -188,6 +188,14 @@ func TestRegistry(t *testing.T) {
 	if err := r.Register("static", NewStatic); err == nil {
 		t.Fatal("registering a name twice succeeded")
 	}
+	for _, name := range []string{"my model", "a/b", "x#1", "host", ""} {
+		if err := r.Register(name, NewStatic); err == nil {
+			t.Errorf("Register(%q) succeeded", name)
+		}
+	}
+	if err := r.Register("model-v2.1_b", NewStatic); err != nil {
+		t.Errorf("Register of a plain name: %v", err)
+	}
 }
 
 // flaky fails its health checks while failing is set.
