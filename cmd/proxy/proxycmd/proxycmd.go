@@ -53,12 +53,14 @@ const (
 // stop, 1 when it could not start or stop cleanly, 2 for bad flags,
 // environment or config. A nil reg serves the built-in kinds.
 func Main(reg *replica.Registry) int {
-	return Run(os.Args[1:], config.Environ(), reg, os.Stdout, os.Stderr)
+	return Run(context.Background(), os.Args[1:], config.Environ(), reg, os.Stdout, os.Stderr)
 }
 
 // Run is Main with the arguments (without the program's name), the
-// environment and the outputs given. It still takes the process's signals.
-func Run(args []string, env map[string]string, reg *replica.Registry, stdout, stderr io.Writer) int {
+// environment and the outputs given: the end of ctx shuts the proxy down
+// as a SIGTERM does (a proxy embedded in a program of its own). It still
+// takes the process's signals.
+func Run(ctx context.Context, args []string, env map[string]string, reg *replica.Registry, stdout, stderr io.Writer) int {
 	if reg == nil {
 		reg = replica.NewRegistry()
 	}
@@ -151,7 +153,7 @@ func Run(args []string, env map[string]string, reg *replica.Registry, stdout, st
 		Str("memory_limit", st.MemoryLimit).Str("memory_limit_source", st.MemoryLimitSource).Str("note", st.Note).
 		Msg("GC settings in force (PROXY_GC_TUNING=false for Go's defaults; GOGC or GOMEMLIMIT win over tuning)")
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	// SIGHUP reloads the file; one that comes during the start waits for
 	// it (rather than kill the proxy, Go's default).
