@@ -88,6 +88,9 @@ func decodeJSON(r *http.Request, v any) error {
 	if len(body) > maxAdminBody {
 		return fmt.Errorf("body larger than %d bytes", maxAdminBody)
 	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return errors.New("the body is empty: it must be a JSON object")
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

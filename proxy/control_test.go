@@ -286,6 +286,7 @@ func TestControlEndpointsBadInput(t *testing.T) {
 		{"nope/deployments/a-dep/user_config", `{}`, "s3cret", 404, `no application \"nope\"`},
 		{"a/deployments/nope/user_config", `{}`, "s3cret", 404, `has no deployment \"nope\"`},
 		{"a/deployments/a-dep/user_config", `{"body":`, "s3cret", 400, "invalid JSON"},
+		{"a/deployments/a-dep/user_config", ` `, "s3cret", 400, "the body is empty: it must be a JSON object"},
 		{"a/deployments/a-dep/user_config", `["v2"]`, "s3cret", 400, "must be a JSON object"},
 		{"a/deployments/a-dep/user_config", `{"body":"v2"} {}`, "s3cret", 400, "more than one value"},
 		{"a/deployments/a-dep/user_config", `{"body":"v2"}`, "", 401, "Bearer"},
