@@ -1385,6 +1385,29 @@ func TestHostsGetTheUserConfigAtStart(t *testing.T) {
 	}
 }
 
+// A host that runs another number of actors than the file's num_replicas
+// says (started with flags) is served as it is, with a warning naming both
+// (found by a tester).
+func TestHostActorCountDiffersFromTheFile(t *testing.T) {
+	h := startReplicaHost(t, "-handler", "static", "-replicas", "3", "-user-config", `{"body":"hi"}`)
+	p := startProxy(t, nil, "-config", writeConfig(t, `applications:
+  - name: h
+    route_prefix: /
+    deployments:
+      - name: h
+        handler: host
+        hosts: ["`+h.addr+`"]
+        host_handler: static
+        num_replicas: 2
+`))
+	if !p.waitLogged(`"actors":3,"num_replicas":2`, 10*time.Second) {
+		t.Fatalf("no warning of 3 actors against num_replicas 2:\n%s", strings.Join(p.stderrLines(), "\n"))
+	}
+	if r := get(t, newClient(t, 1), "http://"+p.HTTPAddr+"/"); r.status != 200 {
+		t.Fatalf("GET: %d %q", r.status, r.body)
+	}
+}
+
 // A second SIGTERM or SIGINT kills the proxy at once during the start too,
 // as it does while serving: a first one stops the replicas started so far,
 // each with its graceful_shutdown_timeout_s, and a double Ctrl-C had to

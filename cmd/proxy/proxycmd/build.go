@@ -352,6 +352,12 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 		if err != nil {
 			return nil, err
 		}
+		if n := len(hc.Replicas()); d.HostHandler != "" && n != d.NumReplicas {
+			// The file says what hosts started from it run: one that
+			// runs otherwise was started with flags, or from another file.
+			log.Warn().Str("deployment", d.Name).Str("host", addr).Int("actors", n).Int("num_replicas", d.NumReplicas).
+				Msg("replica host runs another number of actors than the file's num_replicas (per host): serving the ones it has")
+		}
 		if dep.Load() == nil { // connected for NewDeployment
 			mu.Lock()
 			conns = append(conns, hc)
