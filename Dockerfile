@@ -11,7 +11,7 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=dev
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/serveproxy/serveproxy/cmd/proxy/proxycmd.Version=${VERSION}" \
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/serveproxy/serveproxy/cmd/proxy/proxycmd.Version=${VERSION} -X github.com/serveproxy/serveproxy/cmd/replica/replicacmd.Version=${VERSION}" \
 	-o /out/ ./cmd/proxy ./cmd/replica
 
 FROM gcr.io/distroless/static-debian12:nonroot

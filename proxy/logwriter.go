@@ -4,12 +4,33 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
 )
+
+// BuildVersion returns override if it is set (a version given at build
+// time), else the build's module version and VCS revision, else
+// "unknown": what the binaries' -version prints.
+func BuildVersion(override string) string {
+	if override != "" {
+		return override
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += " " + s.Value[:12]
+		}
+	}
+	return v
+}
 
 // NewLogger returns the process's own logger, as the proxy and the
 // replica host log: JSON lines (or zerolog's console format, for format

@@ -23,7 +23,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -329,19 +328,4 @@ func displayName(path string) string {
 	return path
 }
 
-func versionString() string {
-	if Version != "" {
-		return Version
-	}
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	v := bi.Main.Version
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-			v += " " + s.Value[:12]
-		}
-	}
-	return v
-}
+func versionString() string { return proxy.BuildVersion(Version) }

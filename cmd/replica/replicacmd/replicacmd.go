@@ -61,6 +61,13 @@ import (
 	"github.com/serveproxy/serveproxy/replica"
 )
 
+// Version is what -version prints and the start line logs, as
+// proxycmd.Version is the proxy's: set it at build time (-ldflags "-X
+// github.com/serveproxy/serveproxy/cmd/replica/replicacmd.Version=v1.2.3")
+// or before Main; empty, it is the build's module version and VCS
+// revision.
+var Version = ""
+
 // Exit codes, as the proxy's.
 const (
 	exitOK      = 0
@@ -100,8 +107,13 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 	tlsCert := fs.String("tls-cert", "", "serve TLS with this PEM certificate `file` (with -tls-key)")
 	tlsKey := fs.String("tls-key", "", "the PEM `file` of -tls-cert's key")
 	tlsClientCA := fs.String("tls-client-ca", "", "with -tls-cert, accept only proxies whose client certificate one of the PEM certificates in this `file` signed")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return exitInvalid
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, "replica", proxy.BuildVersion(Version))
+		return exitOK
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "replica: unexpected arguments: %v\n", fs.Args())
@@ -205,7 +217,7 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 	// The bound address, not the flag's, so that ":0" says the real port.
 	fmt.Fprintf(stdout, "listening on %s\n", l.Addr())
 	st := gc.State()
-	log.Info().Str("listen", l.Addr().String()).Str("handler", *handler).Int("replicas", *replicas).
+	log.Info().Str("version", proxy.BuildVersion(Version)).Str("listen", l.Addr().String()).Str("handler", *handler).Int("replicas", *replicas).
 		Int("max_ongoing_requests", *maxOngoing).Int("gc_percent", st.Percent).Str("gc_memory_limit", st.MemoryLimit).
 		Bool("tls", tlsCfg != nil).Bool("tls_client_auth", *tlsClientCA != "").
 		Msg("replica host serving")

@@ -154,6 +154,13 @@ func TestRunServesARegisteredKind(t *testing.T) {
 	}
 }
 
+func TestRunVersion(t *testing.T) {
+	var stdout strings.Builder
+	if got := run(context.Background(), []string{"-version"}, nil, &stdout, io.Discard); got != exitOK || !strings.HasPrefix(stdout.String(), "replica ") {
+		t.Fatalf("-version: exit %d, %q", got, stdout.String())
+	}
+}
+
 func TestRunBadInput(t *testing.T) {
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
