@@ -37,8 +37,13 @@ func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage
 		}
 		return nil, fmt.Errorf("%w, got %q", ErrNotAnObject, b)
 	}
+	d.control.Lock()
+	defer d.control.Unlock()
+	if d.stopped {
+		return nil, ErrStopped
+	}
 	if f := d.spec.Factory; f != nil {
-		h, err := f(userConfig)
+		err := f.Check(userConfig)
 		switch {
 		case err != nil && !d.reconfigurable():
 			// The first reason: no config change reaches these.
@@ -46,12 +51,6 @@ func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage
 		case err != nil:
 			return nil, fmt.Errorf("%w: the handler's factory refuses it: %w", ErrRejected, err)
 		}
-		_ = CloseHandler(h) // it never serves
-	}
-	d.control.Lock()
-	defer d.control.Unlock()
-	if d.stopped {
-		return nil, ErrStopped
 	}
 	d.mu.Lock()
 	old := d.spec.UserConfig

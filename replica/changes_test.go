@@ -245,7 +245,15 @@ func TestScaleCutShortIsNotAFailure(t *testing.T) {
 }
 
 func TestChangesAfterStop(t *testing.T) {
-	d := startDeployment(t, DeploymentSpec{NumReplicas: 1, Factory: func(json.RawMessage) (Handler, error) { return Echo{}, nil }})
+	// The factory refuses every config but the first: a stopped
+	// deployment says it is stopping, not that the config is bad.
+	built := 0
+	d := startDeployment(t, DeploymentSpec{NumReplicas: 1, Factory: func(json.RawMessage) (Handler, error) {
+		if built++; built > 1 {
+			return nil, errors.New("no more")
+		}
+		return Echo{}, nil
+	}})
 	if err := d.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -809,12 +817,22 @@ func TestReconfigureFactoryRefuses(t *testing.T) {
 			if strings.Contains(string(uc), "bad") {
 				return nil, errors.New("no such model")
 			}
+			if strings.Contains(string(uc), "panic") {
+				panic("model file is corrupt")
+			}
 			return h, nil
 		}})
 	before := d.Replicas()
 	res, err := d.Reconfigure(context.Background(), json.RawMessage(`{"v":"bad"}`))
 	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "factory refuses it: no such model") || res != nil {
 		t.Fatalf("Reconfigure to what the factory refuses = %v, %v", res, err)
+	}
+	// A factory's panic is a refusal too, not a crash of the caller (the
+	// reload goroutine, the admin API).
+	res, err = d.Reconfigure(context.Background(), json.RawMessage(`{"v":"panic"}`))
+	var pe *PanicError
+	if !errors.Is(err, ErrRejected) || !errors.As(err, &pe) || !strings.Contains(err.Error(), "model file is corrupt") || res != nil {
+		t.Fatalf("Reconfigure to what the factory panics on = %v, %v", res, err)
 	}
 	if got := string(d.Spec().UserConfig); got != `{"v":1}` || h.seen.Load() != nil || !slices.Equal(d.Replicas(), before) {
 		t.Fatalf("user_config %s, a replica saw %v: want nothing changed", got, h.seen.Load())

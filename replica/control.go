@@ -97,13 +97,13 @@ func (l *Local) Call(ctx context.Context, method string, payload []byte) ([]byte
 		return nil, l.checkHealth(ctx)
 	case MethodReconfigure:
 		rc, ok := l.handler.(Reconfigurer)
-		if same, err := SameUserConfig(payload, l.builtWith); !ok && err == nil && same {
+		if ok {
+			return nil, rc.Reconfigure(ctx, payload)
+		}
+		if same, err := SameUserConfig(payload, l.builtWith); err == nil && same {
 			return nil, nil // what it has already
 		}
-		if !ok {
-			return nil, ErrNotReconfigurable
-		}
-		return nil, rc.Reconfigure(ctx, payload)
+		return nil, ErrNotReconfigurable
 	case MethodStats:
 		return json.Marshal(l.Stats())
 	case MethodDrain:

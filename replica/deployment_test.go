@@ -119,3 +119,57 @@ func TestHandlersClosedWhenTheirReplicasStop(t *testing.T) {
 		t.Fatalf("after a host's Shutdown and Close: %d built, %d closed (twice: %v)", built.Load(), closes.Load(), twice.Load())
 	}
 }
+
+// A request in process cannot be cut: a handler still serving one when
+// graceful_shutdown_timeout_s runs out is closed once it returns, never
+// under it (a handler that frees its model in Close would fail
+// mid-request), and the deployment's Stop does not wait for it.
+func TestHandlerNotClosedUnderARunningRequest(t *testing.T) {
+	var closes atomic.Int32
+	var twice, closedWhileServing atomic.Bool
+	var h *closingHandler
+	entered, release := make(chan struct{}), make(chan struct{})
+	h = &closingHandler{closes: &closes, twice: &twice, HandlerFunc: func(http.ResponseWriter, *http.Request) {
+		close(entered)
+		<-release
+		closedWhileServing.Store(h.closed.Load())
+	}}
+	d, err := NewDeployment(context.Background(), DeploymentSpec{
+		App: "a", Name: "d", Factory: func(json.RawMessage) (Handler, error) { return h, nil }, NumReplicas: 1, MaxOngoingRequests: 1,
+		HealthCheckPeriod: time.Hour, HealthCheckTimeout: time.Second, GracefulShutdownTimeout: 50 * time.Millisecond,
+	}, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	l := d.Replicas()[0].(*Local)
+	done, ok := l.TryAcquire()
+	if !ok {
+		t.Fatal("the only replica refused a request")
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		defer done()
+		_ = l.Serve(nil, nil)
+	}()
+	<-entered
+	// The proxy's shutdown gives Stop graceful_shutdown_timeout_s.
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := d.Stop(ctx); err == nil {
+		t.Fatal("Stop = nil with a request still running at its deadline")
+	}
+	if closes.Load() != 0 {
+		t.Fatal("the handler was closed while it served a request")
+	}
+	close(release)
+	<-served
+	deadline := time.Now().Add(10 * time.Second)
+	for closes.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if closes.Load() != 1 || twice.Load() || closedWhileServing.Load() {
+		t.Fatalf("after the request: closed %d times (twice: %v, while serving: %v), want once, after it", closes.Load(), twice.Load(), closedWhileServing.Load())
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"sync"
@@ -29,8 +30,31 @@ type Handler interface {
 // A Handler that holds resources (a goroutine, a model, a file) may
 // implement io.Closer, as a Serve deployment has __del__: Close is called
 // once, when its replica stops (replaced, scaled away, or at shutdown),
-// after its requests are done or cut at graceful_shutdown_timeout_s.
+// after its requests are done (or, for a replica in another process, cut
+// at graceful_shutdown_timeout_s). Each call must return a new value: a
+// checked handler is closed, so a factory that hands out one shared
+// Closer would close it under the replicas serving with it.
 type Factory func(userConfig json.RawMessage) (Handler, error)
+
+// Check builds one handler from userConfig to see that the factory takes
+// it, and closes it: it never serves. A factory that panics is an error
+// (a *PanicError), not a crash: Check runs on a reload and on the admin
+// API, where a bad config must cost a refusal, not the proxy.
+func (f Factory) Check(userConfig json.RawMessage) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	h, err := f(userConfig)
+	if err != nil {
+		return err
+	}
+	if err := CloseHandler(h); err != nil {
+		return fmt.Errorf("the handler built to check it did not close: %w", err)
+	}
+	return nil
+}
 
 // CloseHandler closes h if it is an io.Closer, and is nil otherwise.
 func CloseHandler(h Handler) error {

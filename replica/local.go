@@ -66,13 +66,24 @@ func NewLocal(id string, h Handler, maxOngoing int, onRelease func()) *Local {
 func (l *Local) ID() string { return l.id }
 
 // Stop implements Stopper: the replica is done (drained, or its requests
-// cut at graceful_shutdown_timeout_s), and its handler, if it is an
-// io.Closer, is closed, once however often Stop is called.
+// still running at graceful_shutdown_timeout_s), and its handler, if it is
+// an io.Closer, is closed once, however often Stop is called. Requests in
+// process cannot be cut: a handler still serving some is closed in the
+// background once they are done, never under them, and Stop does not wait
+// for it (a stream that never ends must not hold up a shutdown).
 func (l *Local) Stop(context.Context) error {
 	if l.stopped.Swap(true) {
 		return nil
 	}
-	return CloseHandler(l.handler)
+	l.SetState(StateStopped) // no request takes a slot from now on
+	if l.Ongoing() == 0 {
+		return CloseHandler(l.handler)
+	}
+	go func() {
+		_ = waitIdle(context.Background(), l)
+		_ = CloseHandler(l.handler) // its caller has moved on: nowhere to report
+	}()
+	return nil
 }
 
 // Handler returns the replica's user code.

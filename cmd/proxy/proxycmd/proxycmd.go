@@ -58,7 +58,13 @@ func Main(reg *replica.Registry) int {
 // Run is Main with the arguments (without the program's name), the
 // environment and the outputs given: the end of ctx shuts the proxy down
 // as a SIGTERM does (a proxy embedded in a program of its own). It still
-// takes the process's signals.
+// takes the process's signals: SIGTERM and SIGINT stop it, SIGHUP reloads
+// its file, and once a shutdown has begun (ctx's end or a signal) it gives
+// them back to their default, so that a second one kills at once, as it
+// does the proxy's own binary; a program that must outlive the proxy
+// handles them itself (signal.Notify). Run also sets what is one per
+// process: the garbage collector's GOGC and memory limit (gctune, unless
+// PROXY_GC_TUNING is false) and zerolog's TimeFieldFormat.
 func Run(ctx context.Context, args []string, env map[string]string, reg *replica.Registry, stdout, stderr io.Writer) int {
 	if reg == nil {
 		reg = replica.NewRegistry()
@@ -232,11 +238,8 @@ func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Confi
 			}
 			// Build one handler to validate user_config now rather than
 			// at the first replica; it never serves.
-			h, err := f(d.UserConfig)
-			if err != nil {
+			if err := f.Check(d.UserConfig); err != nil {
 				found = append(found, fieldError(cfg, path, field+".user_config", err))
-			} else if err := replica.CloseHandler(h); err != nil {
-				found = append(found, fieldError(cfg, path, field+".user_config", fmt.Errorf("the handler built to check it did not close: %w", err)))
 			}
 		}
 	}

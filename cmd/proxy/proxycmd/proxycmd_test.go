@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,5 +75,23 @@ func TestRunUntilTheContextEnds(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("Run did not return within 20s of its context's end")
+	}
+}
+
+// A factory that panics on the file's user_config is a problem -check
+// names, with its field, not a crash of the proxy (the same check runs at
+// a reload).
+func TestCheckFactoryPanics(t *testing.T) {
+	reg := replica.NewRegistry()
+	reg.MustRegister("model", func(json.RawMessage) (replica.Handler, error) { panic("weights file is corrupt") })
+	path := filepath.Join(t.TempDir(), "serve.yaml")
+	conf := "applications:\n  - name: a\n    route_prefix: /\n    deployments:\n      - name: d\n        handler: model\n        user_config: {path: w.bin}\n"
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	code := Run(context.Background(), []string{"-check", "-config", path}, map[string]string{}, reg, io.Discard, &out)
+	if code != exitInvalid || !strings.Contains(out.String(), "user_config") || !strings.Contains(out.String(), "panic: weights file is corrupt") {
+		t.Fatalf("-check with a panicking factory: exit %d, output %q", code, out.String())
 	}
 }
