@@ -323,7 +323,7 @@ func splitAddr(addr string) (host string, port int, err error) {
 		return "", 0, fmt.Errorf("invalid address %q: want host:port, such as 127.0.0.1:8000", addr)
 	}
 	port, err = strconv.Atoi(p)
-	if err != nil || port < 0 || port > 65535 {
+	if err != nil || port < 0 || port > 65535 || strings.Trim(p, "0123456789") != "" {
 		return "", 0, fmt.Errorf("invalid address %q: port must be a number between 0 and 65535", addr)
 	}
 	if !validHost(host) {

@@ -96,6 +96,7 @@ func TestReadEnvInvalid(t *testing.T) {
 		{"PROXY_HTTP_ADDR", "8000", "invalid address"},
 		{"PROXY_HTTP_ADDR", "localhost:http", "port must be a number between 0 and 65535"},
 		{"PROXY_HTTP_ADDR", "localhost:65536", "port must be a number between 0 and 65535"},
+		{"PROXY_HTTP_ADDR", "localhost:+80", "port must be a number between 0 and 65535"},
 		{"PROXY_ADMIN_ADDR", "nope", "invalid address"},
 		{"PROXY_LOG_LEVEL", "verbose", `invalid value "verbose" (want one of trace, debug, info, warn, error)`},
 		{"PROXY_LOG_LEVEL", "fatal", "invalid value"},

@@ -352,7 +352,7 @@ func hostPortProblem(s string) string {
 	if err != nil || host == "" {
 		return "must be host:port"
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+	if !validPort(port) {
 		return "must have a port between 1 and 65535"
 	}
 	return ""
@@ -481,15 +481,33 @@ func validHost(h string) bool {
 }
 
 // validHostHeader reports whether h is a Host header's value: a host
-// name or an IP address (IPv6 in brackets), then a port or not.
+// name or an IP address (IPv6 in brackets, without a zone: a zone is the
+// proxy's own business), then a port or not.
 func validHostHeader(h string) bool {
-	if host, port, err := net.SplitHostPort(h); err == nil {
-		n, err := strconv.Atoi(port)
-		return host != "" && validHost(host) && err == nil && n >= 1 && n <= 65535
+	host, bracketed := h, strings.HasPrefix(h, "[")
+	if hp, port, err := net.SplitHostPort(h); err == nil {
+		if !validPort(port) {
+			return false
+		}
+		host = hp
+	} else if bracketed && strings.HasSuffix(h, "]") {
+		host = h[1 : len(h)-1]
+	} else if strings.Contains(h, ":") {
+		return false // a bare IPv6 address, an empty port, a stray colon
 	}
-	if inner, ok := strings.CutPrefix(h, "["); ok {
-		a, err := netip.ParseAddr(strings.TrimSuffix(inner, "]"))
-		return strings.HasSuffix(inner, "]") && err == nil && a.Is6()
+	if bracketed {
+		a, err := netip.ParseAddr(host)
+		return err == nil && a.Is6() && a.Zone() == ""
 	}
-	return h != "" && !strings.Contains(h, ":") && validHost(h)
+	return host != "" && validHost(host)
+}
+
+// validPort reports whether p is a port number, 1 to 65535, in digits only
+// (strconv.Atoi takes a sign).
+func validPort(p string) bool {
+	if p == "" || len(p) > 5 || strings.Trim(p, "0123456789") != "" {
+		return false
+	}
+	n, _ := strconv.Atoi(p)
+	return n >= 1 && n <= 65535
 }

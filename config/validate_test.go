@@ -130,6 +130,7 @@ func TestParseErrors(t *testing.T) {
 		{"handler empty", "applications:\n  - name: a\n    deployments:\n      - name: d\n        handler: ''\n", "applications[0].deployments[0].handler", 5, "is required"},
 		// Handler kinds' own fields.
 		{"host bad address", kindDeployment("host", "        hosts: [\"127.0.0.1\"]\n"), "applications[0].deployments[0].hosts[0]", 6, "must be host:port"},
+		{"host signed port", kindDeployment("host", "        hosts: [\"127.0.0.1:+9001\"]\n"), "applications[0].deployments[0].hosts[0]", 6, "must have a port between 1 and 65535"},
 		{"host bad port", kindDeployment("host", "        hosts: [\"127.0.0.1:99999\"]\n"), "applications[0].deployments[0].hosts[0]", 6, "port between 1 and 65535"},
 		{"host without hosts", kindDeployment("host", ""), "applications[0].deployments[0].hosts", 4, `needs hosts (the host:port of each replica host, cmd/replica) or discovery`},
 		{"host both", kindDeployment("host", "        hosts: [\"a:1\"]\n        discovery: dns://hosts.local:9001\n"), "applications[0].deployments[0].discovery", 7, "give hosts or discovery, not both"},
@@ -505,6 +506,8 @@ func TestValidHostHeader(t *testing.T) {
 		"[::1]": true, "[::1]:8000": true, "localhost": true,
 		"": false, "::1": false, "[::1": false, "[10.0.0.5]": false, "api.example.com:": false, "api.example.com:0": false,
 		"api.example.com:x": false, "http://api": false, "a/b": false, "a b": false, "user@api": false, "-api": false,
+		"api.example.com:+80": false, "api.example.com:080": true, "[10.0.0.5]:80": false, "[fe80::1%eth0]": false,
+		"[fe80::1%eth0]:80": false, "[::1]:": false, "[::1]:+1": false, "[]": false, "[]:80": false, ":80": false,
 	} {
 		if got := validHostHeader(h); got != want {
 			t.Errorf("validHostHeader(%q) = %v, want %v", h, got, want)
