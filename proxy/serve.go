@@ -151,7 +151,7 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 // and Spring resolve "..;x" as "..").
 func hasDotSegment(path string) bool {
 	if strings.IndexByte(path, '.') < 0 {
-		return false // most paths: IndexAny's loop below was 1% of the CPU
+		return false // most paths: 3 ns, not the loop's 40 (BenchmarkHasDotSegment)
 	}
 	for len(path) > 0 {
 		i := strings.IndexAny(path, `/\`)
