@@ -97,7 +97,13 @@ func (v *validator) config(c *Config) {
 }
 
 func (v *validator) httpOptions(o *HTTPOptions, p fieldPath) {
-	if !validHost(o.Host) {
+	switch {
+	case o.Host == "" && v.given != nil && v.given(p.child("host")):
+		// net.Listen takes "" for every interface: too much to open by
+		// an empty value in a file. (PROXY_HTTP_ADDR=:8000 says it as
+		// Go does, on purpose.)
+		v.report(p.child("host"), `must not be empty: "0.0.0.0" listens on every interface, "127.0.0.1" (the default) on this machine only`)
+	case !validHost(o.Host):
 		v.report(p.child("host"), "must be an IP address or a host name, got %q", o.Host)
 	}
 	if o.Port < 0 || o.Port > 65535 {
@@ -152,11 +158,37 @@ func routePrefixProblem(prefix string) string {
 	case strings.Contains(prefix, "%"):
 		// Routes match the decoded path: an escape could never match.
 		return `must not contain "%": routes match the decoded path`
-	case strings.Contains(prefix, "//") || slices.Contains(strings.Split(prefix, "/"), ".") || slices.Contains(strings.Split(prefix, "/"), ".."):
+	case strings.Contains(prefix, "//") || HasDotSegment(prefix):
 		// A backend that cleans paths would see another route's path.
 		return `must not contain empty, "." or ".." segments`
 	}
 	return ""
+}
+
+// HasDotSegment reports whether path (decoded, so %2e%2e counts) has a
+// "." or ".." segment. Segments end at a '\' too (%5c: IIS and others
+// take it for '/'), and a segment's ";parameters" do not count (Tomcat
+// and Spring resolve "..;x" as ".."). The proxy refuses a request whose
+// path has one (400), and a route_prefix with one is refused too: no
+// request could reach it.
+func HasDotSegment(path string) bool {
+	if strings.IndexByte(path, '.') < 0 {
+		return false // most paths: 3 ns, not the loop's 40 (BenchmarkHasDotSegment)
+	}
+	for len(path) > 0 {
+		i := strings.IndexAny(path, `/\`)
+		seg := path
+		if i >= 0 {
+			seg, path = path[:i], path[i+1:]
+		} else {
+			path = ""
+		}
+		seg, _, _ = strings.Cut(seg, ";")
+		if seg == "." || seg == ".." {
+			return true
+		}
+	}
+	return false
 }
 
 // MaxNumReplicas bounds num_replicas, in the file and when scaling live:
@@ -397,6 +429,11 @@ func (v *validator) discovery(d *Deployment, p fieldPath) {
 	if msg := discoveryProblem(d.Discovery); msg != "" {
 		v.report(p.child("discovery"), "%s, got %q", msg, d.Discovery)
 	}
+	if d.DiscoveryServer != "" {
+		if msg := hostPortProblem(d.DiscoveryServer); msg != "" {
+			v.report(p.child("discovery_server"), "%s (a DNS server, 10.96.0.10:53), got %q", msg, d.DiscoveryServer)
+		}
+	}
 }
 
 // discoveryProblem returns what is wrong with a discovery target, or "".
@@ -431,10 +468,17 @@ func (v *validator) seconds(p fieldPath, s float64, zeroOK bool) {
 	if zeroOK {
 		low, ok = ">=", s >= 0
 	}
-	if !ok || s > float64(maxSeconds) {
+	switch {
+	case !ok || s > float64(maxSeconds):
 		v.report(p, "must be %s 0 and <= %d seconds, got %v", low, maxSeconds, s)
+	case s > 0 && s < minSeconds:
+		// Below a nanosecond it was 0, which is "none" where 0 is allowed.
+		v.report(p, "must be 0 or at least %v seconds, got %v", minSeconds, s)
 	}
 }
+
+// minSeconds is the shortest time in seconds the config takes, but 0.
+const minSeconds = 0.001
 
 // minPeriodS is the shortest period of a loop the config sets (health
 // checks, discovery): a shorter one spins a core on an idle proxy.

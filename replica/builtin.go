@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"reflect"
 	"sync/atomic"
@@ -71,6 +72,15 @@ func (s *Static) Reconfigure(_ context.Context, userConfig json.RawMessage) erro
 		// 1xx are interim answers: net/http would send a 200 after one;
 		// beyond 599 is no status at all (RFC 9110, 15).
 		return fmt.Errorf("static: user_config: status must be 200..599, got %d", cfg.Status)
+	}
+	if (cfg.Status == http.StatusNoContent || cfg.Status == http.StatusNotModified) && cfg.Body != "" {
+		// net/http drops the body of either without a word.
+		return fmt.Errorf("static: user_config: status %d has no body, got body %.40q", cfg.Status, cfg.Body)
+	}
+	if _, _, err := mime.ParseMediaType(cfg.ContentType); err != nil {
+		// net/http would send a line break in it as a space: the
+		// header a client sees is not the one configured.
+		return fmt.Errorf("static: user_config: content_type must be a media type (text/html; charset=utf-8), got %.80q: %w", cfg.ContentType, err)
 	}
 	s.resp.Store(&staticResponse{
 		body:        []byte(cfg.Body),

@@ -46,8 +46,9 @@ func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage
 		err := f.Check(userConfig)
 		switch {
 		case err != nil && !d.reconfigurable():
-			// The first reason: no config change reaches these.
-			return nil, fmt.Errorf("%w: %w", ErrRejected, ErrNotReconfigurable)
+			// Both reasons: no config change reaches these, and this one
+			// would not have started a replica either.
+			return nil, fmt.Errorf("%w: %w; and the handler's factory refuses it: %w", ErrRejected, ErrNotReconfigurable, err)
 		case err != nil:
 			return nil, fmt.Errorf("%w: the handler's factory refuses it: %w", ErrRejected, err)
 		}

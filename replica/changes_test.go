@@ -838,3 +838,14 @@ func TestReconfigureFactoryRefuses(t *testing.T) {
 		t.Fatalf("user_config %s, a replica saw %v: want nothing changed", got, h.seen.Load())
 	}
 }
+
+// A user_config for a handler that takes none, and that its factory
+// refuses besides, is refused with both reasons: the factory's names the
+// field (found by a tester: the answer said only the first).
+func TestReconfigureNotReconfigurableNamesTheFactorysReason(t *testing.T) {
+	d := startDeployment(t, DeploymentSpec{NumReplicas: 1, Factory: NewEcho})
+	_, err := d.Reconfigure(context.Background(), json.RawMessage(`{"a":1}`))
+	if !errors.Is(err, ErrRejected) || !errors.Is(err, ErrNotReconfigurable) || !strings.Contains(err.Error(), `unknown field "a"`) {
+		t.Fatalf("Reconfigure of echo to {\"a\":1} = %v; want it rejected, not reconfigurable, naming the unknown field", err)
+	}
+}

@@ -35,11 +35,16 @@ func isHopHeader(k string) bool {
 }
 
 // passHeader reports whether the client's header k goes on to the replica:
-// not a hop-by-hop one nor one the Connection values conn name, not one
-// the proxy sets itself (X-Forwarded-For, -Proto and -Host; Via when it
-// adds its own, via), and Forwarded and X-Real-IP only from a trusted
+// X-Request-Id always, else not a hop-by-hop one nor one the Connection
+// values conn name, not one the proxy sets itself (X-Forwarded-For, -Proto
+// and -Host; Via when it adds its own, via), and Forwarded and X-Real-IP only from a trusted
 // peer, as they are the client's own word for its address otherwise.
 func passHeader(k string, conn []string, trust, via bool) bool {
+	if k == "X-Request-Id" {
+		// The proxy's own (read or made, echoed and logged): a client's
+		// "Connection: X-Request-Id" must not keep it from the replica.
+		return true
+	}
 	if isHopHeader(k) || (len(conn) > 0 && hasToken(conn, k)) {
 		return false
 	}

@@ -257,8 +257,9 @@ func TestUpstreamHopByHop(t *testing.T) {
 	})
 	u := newUpstream(t, backend.URL, UpstreamOptions{})
 	r := httptest.NewRequest(http.MethodGet, "http://front.test/", nil)
-	r.Header.Set("Connection", "keep-alive, X-Named")
+	r.Header.Set("Connection", "keep-alive, X-Named, X-Request-Id")
 	r.Header.Set("X-Named", "secret")
+	r.Header.Set("X-Request-Id", "abc") // the proxy's: named in Connection, kept
 	r.Header.Set("Keep-Alive", "timeout=5")
 	r.Header.Set("Proxy-Authorization", "Basic Zm9v")
 	r.Header.Set("Proxy-Connection", "keep-alive")
@@ -281,6 +282,9 @@ func TestUpstreamHopByHop(t *testing.T) {
 	}
 	if seen.Get("X-Kept") != "1" {
 		t.Error("an end-to-end request header was dropped")
+	}
+	if got := seen.Get("X-Request-Id"); got != "abc" {
+		t.Errorf("X-Request-Id at the replica = %q, want abc: a client's Connection header cannot take it away", got)
 	}
 	for _, k := range []string{"Connection", "X-Resp-Hop", "Keep-Alive", "Proxy-Authenticate", FullHeader} {
 		if v, ok := w.h[k]; ok {

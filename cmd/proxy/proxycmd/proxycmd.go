@@ -108,7 +108,11 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 		path = e.ConfigPath
 	}
 	if path != "" {
-		if _, err := os.Stat(path); err != nil {
+		fi, err := os.Stat(path)
+		if err == nil && fi.IsDir() {
+			err = fmt.Errorf("%s is a directory, not a YAML file", path)
+		}
+		if err != nil {
 			from := "-config"
 			if *configPath == "" {
 				from = "PROXY_CONFIG"

@@ -95,3 +95,13 @@ func TestCheckFactoryPanics(t *testing.T) {
 		t.Fatalf("-check with a panicking factory: exit %d, output %q", code, out.String())
 	}
 }
+
+// A config path that is a directory is refused, naming where it came from.
+func TestConfigDirectoryRefused(t *testing.T) {
+	dir := t.TempDir()
+	var out strings.Builder
+	code := Run(context.Background(), []string{"-check"}, map[string]string{"PROXY_CONFIG": dir}, nil, io.Discard, &out)
+	if code != exitInvalid || !strings.Contains(out.String(), "PROXY_CONFIG") || !strings.Contains(out.String(), "is a directory") {
+		t.Fatalf("PROXY_CONFIG a directory: exit %d, output %q", code, out.String())
+	}
+}
