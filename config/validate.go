@@ -471,9 +471,11 @@ func (v *validator) seconds(p fieldPath, s float64, zeroOK bool) {
 	switch {
 	case !ok || s > float64(maxSeconds):
 		v.report(p, "must be %s 0 and <= %d seconds, got %v", low, maxSeconds, s)
-	case s > 0 && s < minSeconds:
+	case s > 0 && s < minSeconds && zeroOK:
 		// Below a nanosecond it was 0, which is "none" where 0 is allowed.
 		v.report(p, "must be 0 or at least %v seconds, got %v", minSeconds, s)
+	case s > 0 && s < minSeconds:
+		v.report(p, "must be at least %v seconds, got %v", minSeconds, s)
 	}
 }
 

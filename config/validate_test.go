@@ -101,6 +101,7 @@ func TestParseErrors(t *testing.T) {
 		{"port negative", "http_options: {port: -1}\n" + minimalYAML, "http_options.port", 1, "must be between 0 and 65535, got -1"},
 		{"request timeout negative", "http_options: {request_timeout_s: -1}\n" + minimalYAML, "http_options.request_timeout_s", 1, "must be >= 0 and <= 9223372036 seconds, got -1"},
 		{"request timeout below a millisecond", "http_options: {request_timeout_s: 0.0000000001}\n" + minimalYAML, "http_options.request_timeout_s", 1, "must be 0 or at least 0.001 seconds, got 1e-10"},
+		{"keep alive below a millisecond", "http_options: {keep_alive_timeout_s: 0.0001}\n" + minimalYAML, "http_options.keep_alive_timeout_s", 1, "must be at least 0.001 seconds, got 0.0001"},
 		{"host empty", "http_options: {host: \"\"}\n" + minimalYAML, "http_options.host", 1, `must not be empty: "0.0.0.0" listens on every interface`},
 		{"request timeout NaN", "http_options: {request_timeout_s: .nan}\n" + minimalYAML, "http_options.request_timeout_s", 1, "got NaN"},
 		{"keep alive zero", "http_options:\n  keep_alive_timeout_s: 0\n" + minimalYAML, "http_options.keep_alive_timeout_s", 2, "must be > 0 and <= 9223372036 seconds, got 0"},
