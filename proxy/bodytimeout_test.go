@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/serveproxy/serveproxy/replica"
 )
 
 // startBodyReader is an upstream replica that reads the whole body and
@@ -88,65 +86,4 @@ func TestClientBodyTimeoutIsBetweenParts(t *testing.T) {
 	if err != nil || res.StatusCode != http.StatusOK {
 		t.Fatalf("next request on the connection: %v, %v; want 200", res, err)
 	}
-}
-
-// A handler in process that answers without reading the body: its
-// client, stalling the upload, gets the answer within the body timeout
-// and then the connection closed, with 100-continue or without (before,
-// net/http's read of the rest, with no deadline, held both for ever); a
-// client that sent its whole body keeps the connection.
-func TestUnreadBodyAnsweredAndBounded(t *testing.T) {
-	tp := startProxy(t, Options{ClientBodyTimeout: 300 * time.Millisecond},
-		testDeployment{app: "a", prefix: "/", factory: replica.NewStatic, userConfig: `{"body":"hi"}`})
-	for _, expect := range []string{"", "Expect: 100-continue\r\n"} {
-		c := dialProxy(t, tp)
-		start := time.Now()
-		_, _ = io.WriteString(c, "POST /up HTTP/1.1\r\nHost: x\r\n"+expect+"Content-Length: 10\r\n\r\nabc")
-		br := bufio.NewReader(c)
-		res, err := http.ReadResponse(br, nil)
-		if err != nil || res.StatusCode != http.StatusOK {
-			t.Fatalf("stalled upload to a handler that does not read it (%q): %v, %v; want its 200", expect, res, err)
-		}
-		b, _ := io.ReadAll(res.Body)
-		if string(b) != "hi" {
-			t.Fatalf("body %q, want hi", b)
-		}
-		if _, err := br.ReadByte(); err != io.EOF {
-			t.Fatalf("after the answer (%q): %v, want the connection closed", expect, err)
-		}
-		t.Logf("%q: answered and closed after %v", expect, time.Since(start).Round(time.Millisecond))
-		c.Close()
-	}
-
-	c := dialProxy(t, tp)
-	br := bufio.NewReader(c)
-	for i := range 2 {
-		_, _ = io.WriteString(c, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789")
-		res, err := http.ReadResponse(br, nil)
-		if err != nil || res.StatusCode != http.StatusOK || res.Close {
-			t.Fatalf("whole body unread by the handler, request %d: %v, %v; want 200 keeping the connection", i, res, err)
-		}
-		_, _ = io.Copy(io.Discard, res.Body)
-		res.Body.Close()
-	}
-}
-
-// A 408 at the request's deadline, its handler still running and its body
-// unread, closes the connection at once after it.
-func TestRequestTimeoutClosesAStalledUpload(t *testing.T) {
-	tp := startProxy(t, Options{ClientBodyTimeout: time.Minute, RequestTimeout: 300 * time.Millisecond},
-		testDeployment{app: "a", prefix: "/", factory: replica.NewSleep, userConfig: `{"ms":5000}`})
-	c := dialProxy(t, tp)
-	_, _ = io.WriteString(c, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
-	br := bufio.NewReader(c)
-	res, err := http.ReadResponse(br, nil)
-	if err != nil || res.StatusCode != http.StatusRequestTimeout {
-		t.Fatalf("stalled upload past the request timeout: %v, %v; want 408", res, err)
-	}
-	_, _ = io.Copy(io.Discard, res.Body)
-	start := time.Now()
-	if _, err := br.ReadByte(); err != io.EOF {
-		t.Fatalf("after the 408: %v, want the connection closed", err)
-	}
-	t.Logf("closed %v after the 408", time.Since(start).Round(time.Millisecond))
 }

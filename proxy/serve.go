@@ -139,9 +139,6 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 		// closeIfBodyLeft.
 		sw.WriteHeader(http.StatusOK)
 	}
-	if sw.reqBody != nil && sw.switchedAt.IsZero() {
-		sw.reqBody.finish(sw.closing)
-	}
 	// net/http writes the answer out when this returns; the slot is free
 	// and the status settled by now (see replica.AnswerBatcher).
 	if b, ok := res.replica.(replica.AnswerBatcher); ok && b.BatchAnswers() {

@@ -25,9 +25,6 @@ type statusWriter struct {
 	// duplex; expect when the request asked for 100-continue; own when
 	// the proxy answers itself, with an error (see closeIfBodyLeft).
 	fullDuplex, expect, own bool
-	// closing is set once closeIfBodyLeft has made the response the
-	// connection's last.
-	closing bool
 	// hijacks keeps the connections handlers take over (see Hijack);
 	// switchedAt is when one did.
 	hijacks    *hijackedConns
@@ -120,13 +117,9 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Close implements io.Closer. net/http's Close reads up to 256 KiB of
-// what is left, to keep the connection: within the body timeout.
+// Close implements io.Closer.
 func (b *trackedBody) Close() error {
 	b.closed.Store(true)
-	if b.timeout > 0 && !b.eof.Load() {
-		_ = b.setDeadline(time.Now().Add(b.timeout))
-	}
 	return b.rc.Close()
 }
 
@@ -159,36 +152,7 @@ func (sw *statusWriter) closeIfBodyLeft() {
 	own := sw.own && (sw.status == http.StatusRequestTimeout || b.length < 0 || b.length > smallRequestBody)
 	if sw.fullDuplex || sw.expect || own || b.closed.Load() {
 		sw.w.Header().Set("Connection", "close")
-		sw.closing = true
 	}
-}
-
-// maxBodyDiscard is the most of a request body left unread by its handler
-// that the proxy reads, to keep the connection, as net/http does (its
-// maxPostHandlerReadBytes).
-const maxBodyDiscard = 256 << 10
-
-// finish bounds what is left of a body once its handler is done without
-// reading it to its end. net/http reads up to 256 KiB of the rest before
-// the answer goes out (to keep the connection), or, on a connection that
-// closes after the answer, after it; with no read deadline, a client that
-// stalls its upload held the answer, and the connection, for ever. Here
-// the proxy reads the rest itself, each part within the body timeout (a
-// client that sent its whole body keeps its connection at once), and
-// otherwise sets a deadline already past: net/http's read fails at once,
-// the answer goes out, and the connection is closed after it. Without a
-// body timeout (PROXY_CLIENT_BODY_TIMEOUT=0) the rest is left to
-// net/http, unbounded, as configured.
-func (b *trackedBody) finish(closing bool) {
-	if b.eof.Load() || b.timeout <= 0 {
-		return
-	}
-	if !closing && !b.closed.Load() {
-		if _, err := io.CopyN(io.Discard, b, maxBodyDiscard+1); err == io.EOF {
-			return // Read has cleared the deadline
-		}
-	}
-	_ = b.setDeadline(time.Now())
 }
 
 // smallRequestBody is the most of a request body that the proxy's own
