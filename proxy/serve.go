@@ -101,6 +101,7 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 			sw.reqBody.timeout, sw.reqBody.setDeadline = p.opts.ClientBodyTimeout, rd.SetReadDeadline
 		}
 		sw.expect = r.Header["Expect"] != nil // net/http answered any but 100-continue
+		sw.reqClose = r.Close
 		r.Body = sw.reqBody
 		// net/http decides whether the connection can be reused by the
 		// type of the request's body (a body it closed early, an Expect
@@ -138,6 +139,9 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 		// net/http's implicit 200, made explicit to go through
 		// closeIfBodyLeft.
 		sw.WriteHeader(http.StatusOK)
+	}
+	if sw.switchedAt.IsZero() {
+		sw.settleBody(true)
 	}
 	// net/http writes the answer out when this returns; the slot is free
 	// and the status settled by now (see replica.AnswerBatcher).

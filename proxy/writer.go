@@ -3,12 +3,10 @@ package proxy
 import (
 	"bufio"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -25,6 +23,10 @@ type statusWriter struct {
 	// duplex; expect when the request asked for 100-continue; own when
 	// the proxy answers itself, with an error (see closeIfBodyLeft).
 	fullDuplex, expect, own bool
+	// reqClose is set when the client asked for the connection to close
+	// after the answer (Connection: close, HTTP/1.0); closeSet when
+	// closeIfBodyLeft did; settled once settleBody is done.
+	reqClose, closeSet, settled bool
 	// hijacks keeps the connections handlers take over (see Hijack);
 	// switchedAt is when one did.
 	hijacks    *hijackedConns
@@ -78,88 +80,6 @@ func (sw *statusWriter) sendTimedOut() bool {
 	return sw.sendArmed && sw.writeErr != nil && errors.Is(sw.writeErr, os.ErrDeadlineExceeded)
 }
 
-// trackedBody is a request body that records whether it was read to its
-// end.
-type trackedBody struct {
-	rc     io.ReadCloser
-	length int64 // the request's ContentLength: -1 if unknown
-	// timeout, if above 0, bounds each read from the client (see
-	// Options.ClientBodyTimeout) through setDeadline, the connection's
-	// read deadline.
-	timeout     time.Duration
-	setDeadline func(time.Time) error
-	// eof, closed and timedOut are read by the handler's goroutine and
-	// written by the body reader's, which may be another.
-	eof, closed, timedOut atomic.Bool
-}
-
-// readDeadliner is net/http's response writer, which sets its
-// connection's read deadline.
-type readDeadliner interface{ SetReadDeadline(time.Time) error }
-
-// Read implements io.Reader.
-func (b *trackedBody) Read(p []byte) (int, error) {
-	if b.timeout > 0 {
-		_ = b.setDeadline(time.Now().Add(b.timeout))
-	}
-	n, err := b.rc.Read(p)
-	switch {
-	case err == io.EOF:
-		b.eof.Store(true)
-		if b.timeout > 0 {
-			// net/http's own read for the client's leaving, which starts
-			// at the body's end, must not inherit it.
-			_ = b.setDeadline(time.Time{})
-		}
-	case err != nil && b.timeout > 0 && errors.Is(err, os.ErrDeadlineExceeded):
-		b.timedOut.Store(true)
-	}
-	return n, err
-}
-
-// Close implements io.Closer.
-func (b *trackedBody) Close() error {
-	b.closed.Store(true)
-	return b.rc.Close()
-}
-
-// closeIfBodyLeft marks the response, about to be written, as the
-// connection's last when the request body has not been read to its end
-// and net/http, writing the header while the handler runs (the body
-// behind our wrapper), could not tell what to do with the rest:
-//   - the handler read it full duplex: net/http reads at most 256 KiB of
-//     the rest after the handler, and does not close the connection for
-//     more, so the rest would be read as the next requests (request
-//     smuggling); for less, the read it starts at the body's end outlives
-//     the request, and the next request on the connection panics
-//     ("invalid concurrent Body.Read call", golang/go#68560);
-//   - the request asked for 100-continue: net/http would read the body it
-//     never asked for, from a client waiting for an answer;
-//   - the handler closed it: net/http takes it for read;
-//   - the proxy answers itself at the request's deadline (408), or to a
-//     body that is not small (a 404, a 503): net/http would read up to
-//     256 KiB of it first, from a client that may be sending it slowly,
-//     before the answer goes out. A small body it reads at once, and the
-//     connection stays (a POST shed with 503 under load).
-//
-// A replica that answers before the end of the upload (an early 401, a
-// failure) costs its client the connection, as with nginx.
-func (sw *statusWriter) closeIfBodyLeft() {
-	b := sw.reqBody
-	if b == nil || b.eof.Load() {
-		return
-	}
-	own := sw.own && (sw.status == http.StatusRequestTimeout || b.length < 0 || b.length > smallRequestBody)
-	if sw.fullDuplex || sw.expect || own || b.closed.Load() {
-		sw.w.Header().Set("Connection", "close")
-	}
-}
-
-// smallRequestBody is the most of a request body that the proxy's own
-// answer leaves for net/http to read before it goes out (see
-// closeIfBodyLeft).
-const smallRequestBody = 64 << 10
-
 var statusWriterPool = sync.Pool{New: func() any { return new(statusWriter) }}
 
 func getStatusWriter(w http.ResponseWriter, hijacks *hijackedConns) *statusWriter {
@@ -194,8 +114,11 @@ func (sw *statusWriter) Write(b []byte) (int, error) {
 		sw.status, sw.wroteHeader = http.StatusOK, true
 		sw.closeIfBodyLeft()
 	}
-	if sw.sendTimeout > 0 && sw.sent+len(b) > bufferedBody {
-		sw.armSend()
+	if sw.sent+len(b) > bufferedBody {
+		sw.settleBody(false) // the header goes out with this write
+		if sw.sendTimeout > 0 {
+			sw.armSend()
+		}
 	}
 	n, err := sw.w.Write(b)
 	sw.sent += n
@@ -215,6 +138,7 @@ func (sw *statusWriter) FlushError() error {
 		sw.status, sw.wroteHeader = http.StatusOK, true
 		sw.closeIfBodyLeft()
 	}
+	sw.settleBody(false)
 	if sw.sendTimeout > 0 {
 		sw.armSend()
 	}

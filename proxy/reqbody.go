@@ -1,0 +1,169 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+)
+
+// trackedBody is a request body that records whether it was read to its
+// end, and bounds the wait for each part of it (see settleBody).
+type trackedBody struct {
+	rc     io.ReadCloser
+	length int64 // the request's ContentLength: -1 if unknown
+	// timeout, if above 0, bounds each read from the client (see
+	// Options.ClientBodyTimeout) through setDeadline, the connection's
+	// read deadline.
+	timeout     time.Duration
+	setDeadline func(time.Time) error
+	// got counts the bytes read; eof, closed and timedOut are set as they
+	// happen. All are read by the handler's goroutine and written by the
+	// body reader's, which may be another.
+	got                   atomic.Int64
+	eof, closed, timedOut atomic.Bool
+}
+
+// readDeadliner is net/http's response writer, which sets its
+// connection's read deadline.
+type readDeadliner interface{ SetReadDeadline(time.Time) error }
+
+// Read implements io.Reader.
+func (b *trackedBody) Read(p []byte) (int, error) {
+	if b.timeout > 0 {
+		_ = b.setDeadline(time.Now().Add(b.timeout))
+	}
+	n, err := b.rc.Read(p)
+	b.got.Add(int64(n))
+	switch {
+	case err == io.EOF:
+		b.eof.Store(true)
+		if b.timeout > 0 {
+			// net/http's own read for the client's leaving, which starts
+			// at the body's end, must not inherit it.
+			_ = b.setDeadline(time.Time{})
+		}
+	case err != nil && b.timeout > 0 && errors.Is(err, os.ErrDeadlineExceeded):
+		b.timedOut.Store(true)
+	}
+	return n, err
+}
+
+// Close implements io.Closer. net/http's Close reads what is left of a
+// small body, to keep the connection: from a client that stalls, for as
+// long as it likes, in the handler's goroutine. It is bounded by the
+// timeout, once; then the deadline goes, whatever came of it: net/http
+// reads no more of a closed body, and its read for the client's leaving,
+// started at the body's end, must not inherit it.
+func (b *trackedBody) Close() error {
+	if b.closed.Swap(true) || b.timeout <= 0 || b.eof.Load() {
+		return b.rc.Close()
+	}
+	_ = b.setDeadline(time.Now().Add(b.timeout))
+	err := b.rc.Close()
+	_ = b.setDeadline(time.Time{})
+	return err
+}
+
+// maxDrainBytes is the most of a body left unread that net/http reads
+// after the handler, to keep the connection (its maxPostHandlerReadBytes);
+// past it, it closes the connection.
+const maxDrainBytes = 256 << 10
+
+// settleBody bounds what net/http reads of a request body that the handler
+// left unread, before the response's header goes out: net/http reads up
+// to maxDrainBytes of it, to keep the connection, with no deadline. A
+// client that stalls its upload would never get its answer (a static
+// handler's, a 404), and would hold the connection. Here the rest is read
+// first, within one client body timeout: to its end, and the connection
+// stays; or not, and a deadline already past makes net/http's own read
+// fail at once, so that it answers and closes the connection.
+//
+// It runs once: when the response's header is about to go out while the
+// handler runs (a write past what net/http buffers, a flush), or when the
+// handler is done (handlerDone). Not while a handler reads full duplex,
+// and not where the connection closes after the answer (closeIfBodyLeft,
+// the client's Connection: close or HTTP/1.0): there net/http reads the
+// rest only after the answer is out, and the deadline then bounds that.
+// Never through the 100-continue reader, which would ask the client for
+// the body.
+//
+// The deadline is never left past, nor running, once the body has
+// reached its end: net/http's read for the client's leaving starts there,
+// and a deadline that fires in it cancels the connection's context, and
+// every later request's on it.
+func (sw *statusWriter) settleBody(handlerDone bool) {
+	b := sw.reqBody
+	if b == nil || b.timeout <= 0 || sw.settled {
+		return
+	}
+	if b.eof.Load() || b.closed.Load() || b.timedOut.Load() {
+		sw.settled = true // a timed out read left its deadline past
+		return
+	}
+	if sw.fullDuplex || sw.expect || sw.closeSet || sw.reqClose {
+		if handlerDone {
+			sw.settled = true
+			_ = b.setDeadline(time.Now().Add(b.timeout))
+		}
+		return
+	}
+	sw.settled = true
+	if b.length >= 0 && b.length-b.got.Load() > maxDrainBytes {
+		// net/http sees that much left at once, and closes the
+		// connection without reading any.
+		return
+	}
+	_ = b.setDeadline(time.Now().Add(b.timeout))
+	_, err := io.CopyN(io.Discard, b.rc, maxDrainBytes+1)
+	if err == io.EOF {
+		b.eof.Store(true)
+		_ = b.setDeadline(time.Time{})
+		return
+	}
+	// Stalled, broken, or longer than net/http would read: the
+	// connection cannot serve another request. (A client still sending
+	// may see it reset before it reads the answer, as for any body a
+	// server gives up on.)
+	_ = b.setDeadline(time.Now())
+}
+
+// closeIfBodyLeft marks the response, about to be written, as the
+// connection's last when the request body has not been read to its end
+// and net/http, writing the header while the handler runs (the body
+// behind our wrapper), could not tell what to do with the rest:
+//   - the handler read it full duplex: net/http reads at most 256 KiB of
+//     the rest after the handler, and does not close the connection for
+//     more, so the rest would be read as the next requests (request
+//     smuggling); for less, the read it starts at the body's end outlives
+//     the request, and the next request on the connection panics
+//     ("invalid concurrent Body.Read call", golang/go#68560);
+//   - the request asked for 100-continue: net/http would read the body it
+//     never asked for, from a client waiting for an answer;
+//   - the handler closed it: net/http takes it for read;
+//   - the proxy answers itself at the request's deadline (408), or to a
+//     body that is not small (a 404, a 503): net/http would read up to
+//     256 KiB of it first, from a client that may be sending it slowly,
+//     before the answer goes out. A small body it reads at once, and the
+//     connection stays (a POST shed with 503 under load).
+//
+// A replica that answers before the end of the upload (an early 401, a
+// failure) costs its client the connection, as with nginx.
+func (sw *statusWriter) closeIfBodyLeft() {
+	b := sw.reqBody
+	if b == nil || b.eof.Load() {
+		return
+	}
+	own := sw.own && (sw.status == http.StatusRequestTimeout || b.length < 0 || b.length > smallRequestBody)
+	if sw.fullDuplex || sw.expect || own || b.closed.Load() {
+		sw.w.Header().Set("Connection", "close")
+		sw.closeSet = true
+	}
+}
+
+// smallRequestBody is the most of a request body that the proxy's own
+// answer leaves for net/http to read before it goes out (see
+// closeIfBodyLeft).
+const smallRequestBody = 64 << 10
