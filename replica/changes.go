@@ -38,12 +38,24 @@ func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage
 		return nil, fmt.Errorf("%w, got %q", ErrNotAnObject, b)
 	}
 	d.control.Lock()
+	stopped := d.stopped
+	d.control.Unlock()
+	if stopped {
+		return nil, ErrStopped
+	}
+	// The factory runs outside control: one that takes its time (a model
+	// to load) must not hold up Stop, or the health loop's replacements.
+	var checkErr error
+	if f := d.spec.Factory; f != nil {
+		checkErr = f.Check(userConfig)
+	}
+	d.control.Lock()
 	defer d.control.Unlock()
 	if d.stopped {
 		return nil, ErrStopped
 	}
-	if f := d.spec.Factory; f != nil {
-		err := f.Check(userConfig)
+	if d.spec.Factory != nil {
+		err := checkErr
 		switch {
 		case err != nil && !d.reconfigurable():
 			// Both reasons: no config change reaches these, and this one

@@ -849,3 +849,44 @@ func TestReconfigureNotReconfigurableNamesTheFactorysReason(t *testing.T) {
 		t.Fatalf("Reconfigure of echo to {\"a\":1} = %v; want it rejected, not reconfigurable, naming the unknown field", err)
 	}
 }
+
+// A factory that takes its time checking a new user_config (a model to
+// load) does not hold up Stop: it runs outside the deployment's control
+// lock, and the Reconfigure then finds the deployment stopped.
+func TestReconfigureSlowFactoryDoesNotHoldUpStop(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	h := &slowReconf{}
+	d := startDeployment(t, DeploymentSpec{NumReplicas: 1, UserConfig: json.RawMessage(`{"v":1}`),
+		Factory: func(uc json.RawMessage) (Handler, error) {
+			if strings.Contains(string(uc), "slow") {
+				close(entered)
+				<-release
+			}
+			return h, nil
+		}})
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.Reconfigure(context.Background(), json.RawMessage(`{"v":"slow"}`))
+		done <- err
+	}()
+	<-entered
+	stopped := make(chan error, 1)
+	start := time.Now()
+	go func() { stopped <- d.Stop(context.Background()) }()
+	select {
+	case err := <-stopped:
+		t.Logf("Stop took %v while the factory checked", time.Since(start).Round(time.Millisecond))
+		if err != nil {
+			t.Errorf("Stop = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("Stop waited for the factory's check of a Reconfigure")
+	}
+	close(release)
+	if err := <-done; !errors.Is(err, ErrStopped) {
+		t.Fatalf("Reconfigure that outlived Stop = %v, want ErrStopped", err)
+	}
+	if h.seen.Load() != nil {
+		t.Fatalf("a replica saw the config after Stop: %v", h.seen.Load())
+	}
+}
