@@ -39,7 +39,7 @@ func NewAccessLogger(w io.Writer, format string, dropped func(n int)) *AccessLog
 	out := newAsyncWriter(w, dropped)
 	var lw io.Writer = out
 	if format == "console" {
-		lw = zerolog.ConsoleWriter{Out: out, TimeFormat: time.TimeOnly}
+		lw = zerolog.ConsoleWriter{Out: out, TimeFormat: time.TimeOnly, NoColor: !isTerminal(w)}
 	}
 	return &AccessLogger{Logger: zerolog.New(lw).With().Str("component", "access").Logger(), out: out}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"os"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -43,9 +44,25 @@ func NewLogger(w io.Writer, level, format string) zerolog.Logger {
 		lv = zerolog.InfoLevel
 	}
 	if format == "console" {
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: !isTerminal(w)}
 	}
 	return zerolog.New(w).Level(lv).With().Timestamp().Logger()
+}
+
+// isTerminal reports whether w writes to a terminal, directly or through
+// a LogWriter: the console format's colours are escape codes anywhere
+// else (a file, a pipe to a log collector). NO_COLOR turns them off on a
+// terminal too (zerolog reads it).
+func isTerminal(w io.Writer) bool {
+	if l, ok := w.(*LogWriter); ok {
+		w = l.out
+	}
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 // logCloseTimeout bounds how long closing a log waits for its output: a
@@ -60,12 +77,13 @@ const logCloseTimeout = 2 * time.Second
 // (a closed pipe) are counted too.
 type LogWriter struct {
 	w       *asyncWriter
+	out     io.Writer // what w writes to
 	dropped atomic.Uint64
 }
 
 // NewLogWriter returns a LogWriter writing to out (os.Stderr, say).
 func NewLogWriter(out io.Writer) *LogWriter {
-	l := &LogWriter{}
+	l := &LogWriter{out: out}
 	l.w = newAsyncWriter(out, func(n int) { l.dropped.Add(uint64(n)) })
 	l.w.eager = true
 	return l

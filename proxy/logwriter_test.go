@@ -1,7 +1,10 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -48,5 +51,37 @@ func TestLogWriterCloseDoesNotWaitForAStuckOutput(t *testing.T) {
 	}
 	if d := time.Since(start); d > logCloseTimeout+10*time.Second {
 		t.Fatalf("Close took %v with the output stuck", d)
+	}
+}
+
+// The console format colours a terminal's lines only: to a file or a
+// pipe, through a LogWriter or not, its escape codes would be noise
+// (found by a tester).
+func TestConsoleLogHasNoColoursOffATerminal(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	lw := NewLogWriter(f)
+	fl := NewLogger(lw, "info", "console")
+	fl.Info().Str("k", "v").Msg("to a file")
+	if err := lw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	bl := NewLogger(&buf, "info", "console")
+	bl.Warn().Msg("to a buffer")
+	a := NewAccessLogger(f, "console", nil)
+	a.Info().Int("status", 200).Msg("")
+	_ = a.Close()
+	b, _ := os.ReadFile(f.Name())
+	for what, s := range map[string]string{"file": string(b), "buffer": buf.String()} {
+		if !strings.Contains(s, "k=v") && !strings.Contains(s, "to a buffer") {
+			t.Fatalf("%s: %q has no line", what, s)
+		}
+		if strings.Contains(s, "\x1b[") {
+			t.Errorf("%s: console lines with colours: %q", what, s)
+		}
 	}
 }
