@@ -306,6 +306,13 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 		untouched, _ := o.body.detach()
 		return u.roundTripError(r, err, untouched)
 	}
+	if res.StatusCode > 599 {
+		// Three digits, but no status (RFC 9110, 15): net/http would
+		// write it on to the client as it came.
+		res.Body.Close()
+		o.body.detach()
+		return &InvalidResponseError{Replica: u.id, Err: fmt.Errorf("status %d: a status is 100 to 599", res.StatusCode)}
+	}
 	if res.StatusCode == http.StatusServiceUnavailable && isFull(res.Header) {
 		// Detach first: what the transport has not yet sent of the body
 		// stays with the client's, for the next replica.

@@ -778,6 +778,23 @@ func TestUpstreamErrors(t *testing.T) {
 			},
 		},
 		{
+			// 100 to 599 only (RFC 9110, 15): net/http would write a 999
+			// on to the client as it came (found by a tester).
+			name: "status out of range",
+			base: func(t *testing.T) string {
+				return rawServer(t, func(c net.Conn) {
+					_ = readRequestHead(c)
+					_, _ = io.WriteString(c, "HTTP/1.1 999 Odd\r\nContent-Length: 2\r\n\r\nhi")
+					_ = c.Close()
+				})
+			},
+			check: func(t *testing.T, err error) {
+				if _, ok := errors.AsType[*InvalidResponseError](err); !ok || !strings.Contains(err.Error(), "999") {
+					t.Fatalf("err = %#v, want *InvalidResponseError naming the status", err)
+				}
+			},
+		},
+		{
 			// A small body is read whole before anything is written: the
 			// proxy can still answer for the replica.
 			name: "closes mid-response, small body",
