@@ -316,6 +316,14 @@ func durationProblem(d time.Duration, zeroOK bool) string {
 	return ""
 }
 
+// CheckListenAddr reports what is wrong with addr as an address to listen
+// on (host:port, the host empty for every interface, port 0 for any), as
+// the proxy's PROXY_HTTP_ADDR is checked: for other binaries' flags.
+func CheckListenAddr(addr string) error {
+	_, _, err := splitAddr(addr)
+	return err
+}
+
 // splitAddr splits a host:port address, with a port from 0 to 65535.
 func splitAddr(addr string) (host string, port int, err error) {
 	host, p, err := net.SplitHostPort(addr)

@@ -201,6 +201,10 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 		fmt.Fprintf(stderr, "replica: %v\n", err)
 		return exitInvalid
 	}
+	if err := config.CheckListenAddr(*listen); err != nil {
+		fmt.Fprintf(stderr, "replica: -listen: %v\n", err)
+		return exitInvalid
+	}
 	l, err := net.Listen("tcp", *listen)
 	if err != nil {
 		fmt.Fprintf(stderr, "replica: -listen %s: %v\n", *listen, err)

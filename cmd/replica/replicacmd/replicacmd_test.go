@@ -182,6 +182,8 @@ func TestRunBadInput(t *testing.T) {
 		{"negative grace", []string{"-grace", "-1s", "-listen", "127.0.0.1:0"}, "-grace: must be >= 0", exitInvalid},
 		{"bad flag", []string{"-nope"}, "flag provided but not defined", exitInvalid},
 		{"bad address", []string{"-listen", "256.0.0.1:1"}, "listen", exitFailed},
+		{"an address with no port", []string{"-listen", "foo"}, `-listen: invalid address "foo": want host:port`, exitInvalid},
+		{"a port out of range", []string{"-listen", "127.0.0.1:99999"}, "port must be a number between 0 and 65535", exitInvalid},
 		{"port in use", []string{"-listen", taken.Addr().String()}, "-listen " + taken.Addr().String() + ": listen tcp " + taken.Addr().String() + ": bind: address already in use", exitFailed},
 		{"tls cert without key", []string{"-tls-cert", tlsDir + "host.pem"}, "-tls-cert: needs -tls-key", exitInvalid},
 		{"tls key without cert", []string{"-tls-key", tlsDir + "host-key.pem"}, "-tls-key: needs -tls-cert", exitInvalid},
