@@ -636,8 +636,8 @@ func TestLimits413And431(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 413 || !strings.Contains(string(b), "the limit is 1024 bytes") {
-		t.Fatalf("chunked big body: %d %q, want 413 naming the limit", resp.StatusCode, b)
+	if resp.StatusCode != 413 || !strings.Contains(string(b), "the limit is 1024 bytes (PROXY_MAX_BODY_BYTES)") {
+		t.Fatalf("chunked big body: %d %q, want 413 naming the limit and its setting", resp.StatusCode, b)
 	}
 	resp, _ = get(t, tp.url+"/", "X-Big", strings.Repeat("y", 64<<10))
 	if resp.StatusCode != 431 {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -167,3 +168,27 @@ func (sw *statusWriter) closeIfBodyLeft() {
 // answer leaves for net/http to read before it goes out (see
 // closeIfBodyLeft).
 const smallRequestBody = 64 << 10
+
+// limitedBody is a body under http.MaxBytesReader whose error past the
+// limit names the setting, for the handler that answers with it (the
+// built-in echo): the client learns which limit it met. The error still
+// unwraps to the *http.MaxBytesError.
+type limitedBody struct{ io.ReadCloser }
+
+// bodyLimitError is limitedBody's error past the limit.
+type bodyLimitError struct{ *http.MaxBytesError }
+
+func (e bodyLimitError) Error() string {
+	return fmt.Sprintf("request body too large: the limit is %d bytes (PROXY_MAX_BODY_BYTES)", e.Limit)
+}
+
+func (e bodyLimitError) Unwrap() error { return e.MaxBytesError }
+
+// Read implements io.Reader.
+func (l limitedBody) Read(p []byte) (int, error) {
+	n, err := l.ReadCloser.Read(p)
+	if mbe, ok := err.(*http.MaxBytesError); ok {
+		err = bodyLimitError{mbe}
+	}
+	return n, err
+}

@@ -217,7 +217,7 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 			writeError(sw, res.status, fmt.Sprintf("Request body too large: %d bytes, the limit is %d bytes (PROXY_MAX_BODY_BYTES)", r.ContentLength, limit))
 			return res
 		}
-		r.Body = http.MaxBytesReader(sw, r.Body, limit)
+		r.Body = limitedBody{http.MaxBytesReader(sw, r.Body, limit)}
 	}
 	ctx := r.Context()
 	if t := p.opts.RequestTimeout; t > 0 {

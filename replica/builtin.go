@@ -133,7 +133,9 @@ func (Echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
 			status = http.StatusRequestEntityTooLarge
-			msg = fmt.Sprintf("reading request body: too large: the limit is %d bytes", tooLarge.Limit)
+			if err == error(tooLarge) { // net/http's own words name no limit
+				msg = fmt.Sprintf("reading request body: too large: the limit is %d bytes", tooLarge.Limit)
+			}
 		}
 		http.Error(w, msg, status)
 		return
