@@ -91,6 +91,10 @@ func decodeJSON(r *http.Request, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return errors.New("the body is empty: it must be a JSON object")
 	}
+	if k := duplicateKey(body); k != "" {
+		// encoding/json keeps the last one, silently.
+		return fmt.Errorf("invalid JSON: the key %q is twice in one object", k)
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -100,6 +104,49 @@ func decodeJSON(r *http.Request, v any) error {
 		return errors.New("invalid JSON: more than one value")
 	}
 	return nil
+}
+
+// duplicateKey returns a key that is twice in one object of the JSON in
+// b, at any depth, or "" (also when b is no valid JSON: Decode says why).
+func duplicateKey(b []byte) string {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	var walk func() (string, error)
+	walk = func() (string, error) {
+		t, err := dec.Token()
+		if err != nil {
+			return "", err
+		}
+		switch t {
+		case json.Delim('{'):
+			seen := map[string]bool{}
+			for dec.More() {
+				k, err := dec.Token()
+				if err != nil {
+					return "", err
+				}
+				key, _ := k.(string)
+				if seen[key] {
+					return key, nil
+				}
+				seen[key] = true
+				if d, err := walk(); d != "" || err != nil {
+					return d, err
+				}
+			}
+		case json.Delim('['):
+			for dec.More() {
+				if d, err := walk(); d != "" || err != nil {
+					return d, err
+				}
+			}
+		default:
+			return "", nil
+		}
+		_, err = dec.Token() // the closing delimiter
+		return "", err
+	}
+	d, _ := walk()
+	return d
 }
 
 // getGC answers the GC settings in force.

@@ -101,6 +101,7 @@ func TestGCEndpoints(t *testing.T) {
 		{`{"percent": "off", "memory_limit": "none"}`, "without bound"},
 		{`{}`, "nothing to change"},
 		{`{"percent": 300} {"percent": 1}`, "more than one value"},
+		{`{"percent": 300, "percent": "off"}`, `the key \"percent\" is twice in one object`},
 	}
 	for _, tt := range bad {
 		code, body := put(t, gcURL, tt.body, "s3cret")
@@ -167,5 +168,24 @@ func TestPromLoggerScraperGone(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != 2 || !strings.Contains(lines[0], `"level":"debug"`) || !strings.Contains(lines[1], `"level":"error"`) {
 		t.Fatalf("log:\n%s\nwant the broken pipe at debug, the collector's failure at error", out.String())
+	}
+}
+
+func TestDuplicateKey(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"a": 1, "b": 2}`:                        "",
+		`{"a": 1, "a": 2}`:                        "a",
+		`{"a": {"x": 1, "y": {"x": 2}}}`:          "",
+		`{"user_config": {"ms": 1, "ms": 2}}`:     "ms",
+		`[{"a": 1}, {"a": 1}]`:                    "",
+		`[{"k": [1, {"z": 1, "z": 2}]}]`:          "z",
+		`{"a": 1, "a"`:                            "a",
+		`{"a": [1, 2}`:                            "",
+		`"just a string"`:                         "",
+		`{"a": {"b": 1}, "c": {"b": 2}, "a": {}}`: "a",
+	} {
+		if got := duplicateKey([]byte(in)); got != want {
+			t.Errorf("duplicateKey(%s) = %q, want %q", in, got, want)
+		}
 	}
 }
