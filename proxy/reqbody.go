@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -33,7 +34,10 @@ type readDeadliner interface{ SetReadDeadline(time.Time) error }
 
 // Read implements io.Reader.
 func (b *trackedBody) Read(p []byte) (int, error) {
-	if b.timeout > 0 {
+	// Not after the body's end or its Close: nothing is read from the
+	// client then (net/http's body answers at once), and a deadline left
+	// would fire in net/http's read for the client's leaving.
+	if b.timeout > 0 && !b.eof.Load() && !b.closed.Load() {
 		_ = b.setDeadline(time.Now().Add(b.timeout))
 	}
 	n, err := b.rc.Read(p)
@@ -59,7 +63,9 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 // reads no more of a closed body, and its read for the client's leaving,
 // started at the body's end, must not inherit it.
 func (b *trackedBody) Close() error {
-	if b.closed.Swap(true) || b.timeout <= 0 || b.eof.Load() {
+	if b.closed.Swap(true) || b.timeout <= 0 || b.eof.Load() || b.timedOut.Load() {
+		// (After a timed out read the deadline is past: net/http's read
+		// of the rest fails at once, as it should.)
 		return b.rc.Close()
 	}
 	_ = b.setDeadline(time.Now().Add(b.timeout))
@@ -72,6 +78,14 @@ func (b *trackedBody) Close() error {
 // after the handler, to keep the connection (its maxPostHandlerReadBytes);
 // past it, it closes the connection.
 const maxDrainBytes = 256 << 10
+
+// lingerTimeout bounds net/http's read of a body's rest after the answer,
+// on a connection that then closes: it reads so that the close does not
+// reset a connection whose client is still sending (which can lose it the
+// answer), and an answer delimited by the close (HTTP/1.0's) ends only
+// then. net/http waits as long before closing a connection whose body it
+// gave up on (its rstAvoidanceDelay).
+const lingerTimeout = 500 * time.Millisecond
 
 // settleBody bounds what net/http reads of a request body that the handler
 // left unread, before the response's header goes out: net/http reads up
@@ -87,9 +101,12 @@ const maxDrainBytes = 256 << 10
 // handler is done (handlerDone). Not while a handler reads full duplex,
 // and not where the connection closes after the answer (closeIfBodyLeft,
 // the client's Connection: close or HTTP/1.0): there net/http reads the
-// rest only after the answer is out, and the deadline then bounds that.
-// Never through the 100-continue reader, which would ask the client for
-// the body.
+// rest only after the answer is out, and lingerTimeout then bounds that.
+// (Any HTTP/1.0 request counts: net/http keeps a keep-alive one only when
+// it can frame the answer, and then reads the rest itself, under that
+// deadline.) Never through the 100-continue reader, which would ask the
+// client for the body. A drain that fails while the handler runs cancels
+// the request's context, as any failed read of its body does.
 //
 // The deadline is never left past, nor running, once the body has
 // reached its end: net/http's read for the client's leaving starts there,
@@ -104,17 +121,19 @@ func (sw *statusWriter) settleBody(handlerDone bool) {
 		sw.settled = true // a timed out read left its deadline past
 		return
 	}
-	if sw.fullDuplex || sw.expect || sw.closeSet || sw.reqClose {
+	if sw.fullDuplex || sw.expect || sw.closeSet || sw.reqClose || connectionCloses(sw.w.Header()) {
 		if handlerDone {
 			sw.settled = true
-			_ = b.setDeadline(time.Now().Add(b.timeout))
+			_ = b.setDeadline(time.Now().Add(min(b.timeout, lingerTimeout)))
 		}
 		return
 	}
 	sw.settled = true
 	if b.length >= 0 && b.length-b.got.Load() > maxDrainBytes {
-		// net/http sees that much left at once, and closes the
-		// connection without reading any.
+		// net/http, finding its own body, sees that much left at once
+		// and closes the connection without reading any. While the
+		// handler runs it would find ours, and read 256 KiB of it.
+		sw.req.Body = b.rc
 		return
 	}
 	_ = b.setDeadline(time.Now().Add(b.timeout))
@@ -129,6 +148,19 @@ func (sw *statusWriter) settleBody(handlerDone bool) {
 	// may see it reset before it reads the answer, as for any body a
 	// server gives up on.)
 	_ = b.setDeadline(time.Now())
+}
+
+// connectionCloses reports whether h, a response's header, says the
+// connection closes after it, as net/http reads it.
+func connectionCloses(h http.Header) bool {
+	for _, v := range h["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(f), "close") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // closeIfBodyLeft marks the response, about to be written, as the

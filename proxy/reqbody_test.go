@@ -5,15 +5,17 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
 
 // unreadBodyProxy serves handlers that never read the request body: an
-// upstream server, the built-in static, a large answer (its header goes out while the handler
-// runs), one that closes the body, and one that answers, then takes its
-// time.
+// upstream server, the built-in static, a large answer (its header goes
+// out while the handler runs; with an explicit WriteHeader too), one that
+// closes the connection, one that closes the body, and one that answers,
+// then takes its time.
 func unreadBodyProxy(t *testing.T, bodyTimeout time.Duration) *testProxy {
 	t.Helper()
 	big := strings.Repeat("b", 5000)
@@ -31,6 +33,14 @@ func unreadBodyProxy(t *testing.T, bodyTimeout time.Duration) *testProxy {
 		testDeployment{app: "static", prefix: "/static", factory: static("hi")},
 		testDeployment{app: "big", prefix: "/big", factory: handlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			_, _ = io.WriteString(w, big)
+		})},
+		testDeployment{app: "bigheader", prefix: "/bigheader", factory: handlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusOK)
+			_, _ = io.WriteString(w, big)
+		})},
+		testDeployment{app: "bye", prefix: "/bye", factory: handlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Connection", "close")
+			_, _ = io.WriteString(w, "bye")
 		})},
 		testDeployment{app: "closer", prefix: "/closer", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			defer r.Body.Close()
@@ -69,19 +79,24 @@ func readAnswer(t *testing.T, c net.Conn, br *bufio.Reader, what string) (*http.
 func TestStalledUploadToAHandlerThatDoesNotReadIt(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	tp := unreadBodyProxy(t, timeout)
-	for _, path := range []string{"/up", "/static", "/big", "/closer", "/nope"} {
-		c := dialProxy(t, tp)
-		br := bufio.NewReader(c)
-		_, _ = io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
-		res, _, took := readAnswer(t, c, br, path)
-		if !res.Close {
-			t.Errorf("%s: answered %d keeping the connection, with 90 bytes of its body still to come", path, res.StatusCode)
+	// 100 bytes announced (under the 256 KiB net/http reads), and a
+	// million (over it: net/http reads none after the handler, but did
+	// while it ran, for the large answers).
+	for _, length := range []int{100, 1000000} {
+		for _, path := range []string{"/up", "/static", "/big", "/bigheader", "/bye", "/closer", "/nope"} {
+			c := dialProxy(t, tp)
+			br := bufio.NewReader(c)
+			_, _ = io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: x\r\nContent-Length: "+strconv.Itoa(length)+"\r\n\r\n0123456789")
+			res, _, took := readAnswer(t, c, br, path)
+			if !res.Close {
+				t.Errorf("%s, %d bytes: answered %d keeping the connection, with the rest of its body still to come", path, length, res.StatusCode)
+			}
+			t.Logf("%s, %d bytes: %d after %v", path, length, res.StatusCode, took.Round(time.Millisecond))
+			if _, err := br.ReadByte(); err != io.EOF {
+				t.Errorf("%s, %d bytes: after the answer: %v, want the connection closed", path, length, err)
+			}
+			c.Close()
 		}
-		t.Logf("%s: %d after %v", path, res.StatusCode, took.Round(time.Millisecond))
-		if _, err := br.ReadByte(); err != io.EOF {
-			t.Errorf("%s: after the answer: %v, want the connection closed", path, err)
-		}
-		c.Close()
 	}
 }
 
@@ -118,10 +133,12 @@ func TestUnreadWholeBodyKeepsTheConnection(t *testing.T) {
 func TestUnreadBodyAnsweredAtOnceWhenTheConnectionCloses(t *testing.T) {
 	tp := unreadBodyProxy(t, time.Minute)
 	for name, head := range map[string]string{
-		"Connection: close": "POST /static HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 100\r\n\r\n0123456789",
-		"HTTP/1.0":          "POST /static HTTP/1.0\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789",
-		"Expect":            "POST /static HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n",
-		"Expect, big":       "POST /big HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n",
+		"Connection: close":               "POST /static HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 100\r\n\r\n0123456789",
+		"HTTP/1.0":                        "POST /static HTTP/1.0\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789",
+		"Expect":                          "POST /static HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n",
+		"Expect, big":                     "POST /big HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n",
+		"the handler's Connection: close": "POST /bye HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789",
+		"HTTP/1.0 keep-alive, streamed":   "POST /big HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nContent-Length: 100\r\n\r\n0123456789",
 	} {
 		c := dialProxy(t, tp)
 		br := bufio.NewReader(c)
@@ -133,6 +150,85 @@ func TestUnreadBodyAnsweredAtOnceWhenTheConnectionCloses(t *testing.T) {
 		}
 		if took > 10*time.Second {
 			t.Errorf("%s: the answer took %v: it waited for the body", name, took)
+		}
+	}
+}
+
+// A handler that closes its body after a read of it timed out is answered
+// at once: the deadline stays past, and net/http's read of the rest fails
+// (found by review: it waited a second timeout).
+func TestBodyClosedAfterATimedOutRead(t *testing.T) {
+	const timeout = 500 * time.Millisecond
+	tp := startProxy(t, Options{ClientBodyTimeout: timeout},
+		testDeployment{app: "rd", prefix: "/rd", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			defer r.Body.Close()
+			if _, err := io.ReadAll(r.Body); err != nil {
+				http.Error(w, "bad body", http.StatusBadRequest)
+				return
+			}
+			_, _ = io.WriteString(w, "ok")
+		})})
+	c := dialProxy(t, tp)
+	defer c.Close()
+	br := bufio.NewReader(c)
+	_, _ = io.WriteString(c, "POST /rd HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
+	res, _, took := readAnswer(t, c, br, "/rd")
+	t.Logf("%d after %v", res.StatusCode, took.Round(time.Millisecond))
+	if took > 3*timeout/2+time.Second {
+		t.Errorf("answered after %v, with a body timeout of %v: Close waited again", took.Round(time.Millisecond), timeout)
+	}
+}
+
+// A read of a body already closed (or at its end) leaves no deadline on
+// the connection: it would fire in net/http's read for the client's
+// leaving, and cancel the next request on the kept connection (found by
+// review).
+func TestReadAfterCloseLeavesNoDeadline(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	tp := startProxy(t, Options{ClientBodyTimeout: timeout},
+		testDeployment{app: "rr", prefix: "/rr", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, "ok")
+			r.Body.Close()
+			_, _ = r.Body.Read(make([]byte, 1))
+			time.Sleep(3 * timeout)
+		})},
+		testDeployment{app: "ctx", prefix: "/ctx", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if err := r.Context().Err(); err != nil {
+				_, _ = io.WriteString(w, "cancelled: "+err.Error())
+				return
+			}
+			_, _ = io.WriteString(w, "live")
+		})})
+	c := dialProxy(t, tp)
+	defer c.Close()
+	br := bufio.NewReader(c)
+	_, _ = io.WriteString(c, "POST /rr HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789")
+	if res, _, _ := readAnswer(t, c, br, "/rr"); res.Close {
+		t.Fatal("the whole body had come, yet the connection closes")
+	}
+	_, _ = io.WriteString(c, "GET /ctx HTTP/1.1\r\nHost: x\r\n\r\n")
+	if _, body, _ := readAnswer(t, c, br, "/ctx"); body != "live" {
+		t.Fatalf("the next request on the kept connection: %q, want \"live\"", body)
+	}
+}
+
+// An HTTP/1.0 keep-alive request whose whole body the handler left keeps
+// its connection where net/http can frame the answer, and a slow request
+// after it is not cut.
+func TestHTTP10KeepAliveUnreadBody(t *testing.T) {
+	tp := unreadBodyProxy(t, 200*time.Millisecond)
+	c := dialProxy(t, tp)
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for i, path := range []string{"/static", "/static", "/slow"} {
+		_, _ = io.WriteString(c, "POST "+path+" HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nContent-Length: 10\r\n\r\n0123456789")
+		res, body, _ := readAnswer(t, c, br, path)
+		if path == "/slow" {
+			if !strings.HasSuffix(body, "done") {
+				t.Fatalf("%s: the answer was cut after %d bytes", path, len(body))
+			}
+		} else if res.Close {
+			t.Fatalf("request %d, %s: answered closing the connection; want it kept", i+1, path)
 		}
 	}
 }

@@ -90,7 +90,7 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	id := ids[0]
 	w.Header()[requestIDHeader] = ids[:1:1] // shared with the request, never appended to
 
-	sw := getStatusWriter(w, &p.hijacks)
+	sw := getStatusWriter(w, r, &p.hijacks)
 	defer putStatusWriter(sw)
 	sw.sendTimeout = p.opts.ClientSendTimeout
 	if body := r.Body; body != nil && body != http.NoBody {
@@ -101,7 +101,7 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 			sw.reqBody.timeout, sw.reqBody.setDeadline = p.opts.ClientBodyTimeout, rd.SetReadDeadline
 		}
 		sw.expect = r.Header["Expect"] != nil // net/http answered any but 100-continue
-		sw.reqClose = r.Close
+		sw.reqClose = r.Close || !r.ProtoAtLeast(1, 1)
 		r.Body = sw.reqBody
 		// net/http decides whether the connection can be reused by the
 		// type of the request's body (a body it closed early, an Expect

@@ -14,6 +14,7 @@ import (
 // logs, metrics and error mapping. It is pooled: one per request in flight.
 type statusWriter struct {
 	w           http.ResponseWriter
+	req         *http.Request // as net/http has it (see settleBody)
 	status      int
 	wroteHeader bool
 	// reqBody is the request's body, if it has one, as the handler reads
@@ -82,14 +83,14 @@ func (sw *statusWriter) sendTimedOut() bool {
 
 var statusWriterPool = sync.Pool{New: func() any { return new(statusWriter) }}
 
-func getStatusWriter(w http.ResponseWriter, hijacks *hijackedConns) *statusWriter {
+func getStatusWriter(w http.ResponseWriter, r *http.Request, hijacks *hijackedConns) *statusWriter {
 	sw := statusWriterPool.Get().(*statusWriter)
-	*sw = statusWriter{w: w, hijacks: hijacks}
+	*sw = statusWriter{w: w, req: r, hijacks: hijacks}
 	return sw
 }
 
 func putStatusWriter(sw *statusWriter) {
-	sw.w = nil
+	sw.w, sw.req = nil, nil
 	statusWriterPool.Put(sw)
 }
 
