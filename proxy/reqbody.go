@@ -26,6 +26,21 @@ type trackedBody struct {
 	// body reader's, which may be another.
 	got                   atomic.Int64
 	eof, closed, timedOut atomic.Bool
+	// readDeadline is the deadline of the read in progress (Unix
+	// nanoseconds), 0 when none is: see stalled.
+	readDeadline atomic.Int64
+}
+
+// stalled reports whether the client stalled its body: a read timed out,
+// or one in progress is past its deadline. (The failing read cancels the
+// request's context inside net/http, before it returns here: a replica
+// may see the context end first.)
+func (b *trackedBody) stalled() bool {
+	if b.timedOut.Load() {
+		return true
+	}
+	d := b.readDeadline.Load()
+	return d != 0 && time.Now().UnixNano() >= d
 }
 
 // readDeadliner is net/http's response writer, which sets its
@@ -37,10 +52,16 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 	// Not after the body's end or its Close: nothing is read from the
 	// client then (net/http's body answers at once), and a deadline left
 	// would fire in net/http's read for the client's leaving.
-	if b.timeout > 0 && !b.eof.Load() && !b.closed.Load() {
-		_ = b.setDeadline(time.Now().Add(b.timeout))
+	armed := b.timeout > 0 && !b.eof.Load() && !b.closed.Load()
+	if armed {
+		d := time.Now().Add(b.timeout)
+		b.readDeadline.Store(d.UnixNano())
+		_ = b.setDeadline(d)
 	}
 	n, err := b.rc.Read(p)
+	if armed {
+		b.readDeadline.Store(0)
+	}
 	b.got.Add(int64(n))
 	switch {
 	case err == io.EOF:
@@ -112,42 +133,58 @@ const lingerTimeout = 500 * time.Millisecond
 // reached its end: net/http's read for the client's leaving starts there,
 // and a deadline that fires in it cancels the connection's context, and
 // every later request's on it.
-func (sw *statusWriter) settleBody(handlerDone bool) {
+//
+// It reports whether net/http must find its own body in the request for
+// the write about to be made (see lendBody).
+func (sw *statusWriter) settleBody(handlerDone bool) (lend bool) {
 	b := sw.reqBody
 	if b == nil || b.timeout <= 0 || sw.settled {
-		return
+		return false
 	}
-	if b.eof.Load() || b.closed.Load() || b.timedOut.Load() {
+	if b.eof.Load() || b.closed.Load() || b.stalled() {
 		sw.settled = true // a timed out read left its deadline past
-		return
+		return false
 	}
 	if sw.fullDuplex || sw.expect || sw.closeSet || sw.reqClose || connectionCloses(sw.w.Header()) {
 		if handlerDone {
 			sw.settled = true
 			_ = b.setDeadline(time.Now().Add(min(b.timeout, lingerTimeout)))
 		}
-		return
+		return false
 	}
 	sw.settled = true
 	if b.length >= 0 && b.length-b.got.Load() > maxDrainBytes {
 		// net/http, finding its own body, sees that much left at once
 		// and closes the connection without reading any. While the
 		// handler runs it would find ours, and read 256 KiB of it.
-		sw.req.Body = b.rc
-		return
+		return !handlerDone
 	}
 	_ = b.setDeadline(time.Now().Add(b.timeout))
 	_, err := io.CopyN(io.Discard, b.rc, maxDrainBytes+1)
 	if err == io.EOF {
 		b.eof.Store(true)
 		_ = b.setDeadline(time.Time{})
-		return
+		return false
 	}
 	// Stalled, broken, or longer than net/http would read: the
 	// connection cannot serve another request. (A client still sending
 	// may see it reset before it reads the answer, as for any body a
 	// server gives up on.)
 	_ = b.setDeadline(time.Now())
+	return false
+}
+
+// lendBody gives net/http its own body in the request, for the one write
+// that sends the response's header, and returns what puts the request's
+// back: net/http decides what to do with the body's rest by its type. The
+// handler keeps its own after (a reader bounded by the body timeout).
+// When the handler runs in another goroutine (a request timeout), its
+// request is another copy: this one is only net/http's.
+func (sw *statusWriter) lendBody() (giveBack func()) {
+	r := sw.req
+	prev := r.Body
+	r.Body = sw.reqBody.rc
+	return func() { r.Body = prev }
 }
 
 // connectionCloses reports whether h, a response's header, says the

@@ -232,3 +232,22 @@ func TestHTTP10KeepAliveUnreadBody(t *testing.T) {
 		}
 	}
 }
+
+// A stalled upload to an upstream that answered before reading it is a
+// 408, every time: the failing read cancels the request's context inside
+// net/http before it returns, and the replica's "context canceled" read
+// as the client's leaving (499, no answer) now and then (found by a
+// repeated run).
+func TestStalledUploadToAnUpstreamIsAlways408(t *testing.T) {
+	tp := unreadBodyProxy(t, 200*time.Millisecond)
+	for i := range 10 {
+		c := dialProxy(t, tp)
+		br := bufio.NewReader(c)
+		_, _ = io.WriteString(c, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
+		res, _, _ := readAnswer(t, c, br, "/up")
+		c.Close()
+		if res.StatusCode != http.StatusRequestTimeout {
+			t.Fatalf("try %d: %d, want 408", i+1, res.StatusCode)
+		}
+	}
+}

@@ -352,7 +352,7 @@ func (p *Proxy) serveWithDeadline(ctx context.Context, h replica.Handle, release
 // it failed before writing anything.
 func (p *Proxy) finish(sw *statusWriter, r *http.Request, res *result) int {
 	err, abort := res.err, res.abort
-	if b := sw.reqBody; b != nil && b.timedOut.Load() && !sw.wroteHeader && sw.switchedAt.IsZero() {
+	if b := sw.reqBody; b != nil && b.stalled() && !sw.wroteHeader && sw.switchedAt.IsZero() {
 		// The client stalled its body: whatever its replica made of the
 		// failed read (the request's context ends with it), it is a 408,
 		// and the connection, its body half read, cannot go on.

@@ -116,7 +116,9 @@ func (sw *statusWriter) Write(b []byte) (int, error) {
 		sw.closeIfBodyLeft()
 	}
 	if sw.sent+len(b) > bufferedBody {
-		sw.settleBody(false) // the header goes out with this write
+		if sw.settleBody(false) { // the header goes out with this write
+			defer sw.lendBody()()
+		}
 		if sw.sendTimeout > 0 {
 			sw.armSend()
 		}
@@ -139,7 +141,9 @@ func (sw *statusWriter) FlushError() error {
 		sw.status, sw.wroteHeader = http.StatusOK, true
 		sw.closeIfBodyLeft()
 	}
-	sw.settleBody(false)
+	if sw.settleBody(false) {
+		defer sw.lendBody()()
+	}
 	if sw.sendTimeout > 0 {
 		sw.armSend()
 	}
