@@ -100,6 +100,9 @@ func decodeJSON(r *http.Request, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("invalid JSON: %w", replica.PlainJSONError(err))
 	}
+	if err := replica.ExactKeys(body, v); err != nil {
+		return fmt.Errorf("invalid JSON: %w", err)
+	}
 	if err := dec.Decode(&struct{}{}); err != io.EOF {
 		return errors.New("invalid JSON: more than one value")
 	}

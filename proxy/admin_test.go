@@ -102,6 +102,8 @@ func TestGCEndpoints(t *testing.T) {
 		{`{}`, "nothing to change"},
 		{`{"percent": 300} {"percent": 1}`, "more than one value"},
 		{`{"percent": 300, "percent": "off"}`, `the key \"percent\" is twice in one object`},
+		{`{"percent": 250, "PERCENT": 350}`, `unknown field \"PERCENT\": keys are matched exactly, the field is \"percent\"`},
+		{`{"Memory_Limit": "1GiB"}`, `unknown field \"Memory_Limit\"`},
 	}
 	for _, tt := range bad {
 		code, body := put(t, gcURL, tt.body, "s3cret")

@@ -28,6 +28,9 @@ func DecodeUserConfig(kind string, raw json.RawMessage, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("%s: user_config: %w", kind, PlainJSONError(err))
 	}
+	if err := ExactKeys(raw, v); err != nil {
+		return fmt.Errorf("%s: user_config: %w", kind, err)
+	}
 	return nil
 }
 

@@ -1,0 +1,67 @@
+package replica
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+)
+
+// ExactKeys returns an error naming a key of the JSON object raw that the
+// struct v points to has no field for under exactly that name, or nil.
+// encoding/json matches keys without regard to case, so that "BODY" sets
+// body, and {"body": "a", "Body": "b"} keeps the last one, silently: a
+// typo, or a key given twice, is an error here as the file's YAML makes
+// it. Only the top level is checked; raw that is not an object, and v
+// that is not a struct, are left to the decoder.
+func ExactKeys(raw []byte, v any) error {
+	t := reflect.TypeOf(v)
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nil || t.Kind() != reflect.Struct {
+		return nil
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(raw, &obj) != nil {
+		return nil
+	}
+	for k := range obj {
+		if hasJSONField(t, k) {
+			continue
+		}
+		for i := range t.NumField() {
+			if name, ok := jsonName(t.Field(i)); ok && strings.EqualFold(name, k) {
+				return fmt.Errorf("unknown field %q: keys are matched exactly, the field is %q", k, name)
+			}
+		}
+		return fmt.Errorf("unknown field %q", k)
+	}
+	return nil
+}
+
+// hasJSONField reports whether struct type t has a field named key in
+// JSON.
+func hasJSONField(t reflect.Type, key string) bool {
+	for i := range t.NumField() {
+		if name, ok := jsonName(t.Field(i)); ok && name == key {
+			return true
+		}
+	}
+	return false
+}
+
+// jsonName is f's name in JSON, and whether it has one.
+func jsonName(f reflect.StructField) (string, bool) {
+	if !f.IsExported() {
+		return "", false
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	switch name {
+	case "-":
+		return "", false
+	case "":
+		return f.Name, true
+	}
+	return name, true
+}

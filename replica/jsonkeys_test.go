@@ -1,0 +1,51 @@
+package replica
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestExactKeys(t *testing.T) {
+	type cfg struct {
+		Body    string `json:"body"`
+		Status  int    `json:"status,omitempty"`
+		Plain   int
+		Skipped int `json:"-"`
+		hidden  int
+	}
+	for in, want := range map[string]string{
+		`{"body": "a", "status": 1, "Plain": 2}`: "",
+		`{"BODY": "a"}`:                          `unknown field "BODY": keys are matched exactly, the field is "body"`,
+		`{"body": "a", "Body": "b"}`:             `unknown field "Body"`,
+		`{"plain": 1}`:                           `the field is "Plain"`,
+		`{"Skipped": 1}`:                         `unknown field "Skipped"`,
+		`{"hidden": 1}`:                          `unknown field "hidden"`,
+		`[1]`:                                    "",
+		`{"body": `:                              "",
+	} {
+		var c cfg
+		err := ExactKeys([]byte(in), &c)
+		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
+			t.Errorf("ExactKeys(%s) = %v, want %q", in, err, want)
+		}
+	}
+	var raw json.RawMessage
+	if err := ExactKeys([]byte(`{"ANY": 1}`), &raw); err != nil {
+		t.Errorf("ExactKeys into a RawMessage = %v, want nil (no fields to match)", err)
+	}
+}
+
+// A built-in's user_config key in another case is an error, not taken for
+// the field: {"body": "a", "Body": "b"} kept the last one, silently (found
+// by a tester).
+func TestUserConfigKeysAreExact(t *testing.T) {
+	for _, uc := range []string{`{"BODY": "upper"}`, `{"body": "a", "Body": "b"}`} {
+		if _, err := NewStatic(json.RawMessage(uc)); err == nil || !strings.Contains(err.Error(), "static: user_config: unknown field") {
+			t.Errorf("static with %s: %v, want an unknown field", uc, err)
+		}
+	}
+	if _, err := NewSleep(json.RawMessage(`{"MS": 5}`)); err == nil || !strings.Contains(err.Error(), `the field is "ms"`) {
+		t.Errorf("sleep with MS: %v", err)
+	}
+}
