@@ -236,7 +236,7 @@ func (t *Tuner) Set(u Update) (State, error) {
 	if u.MemoryLimit != nil {
 		l, n, err := t.resolve(*u.MemoryLimit)
 		if err != nil {
-			return s, err
+			return s, fmt.Errorf("memory_limit: %w", err)
 		}
 		limit, note = l, n
 	}

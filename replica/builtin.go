@@ -10,6 +10,8 @@ import (
 	"mime"
 	"net/http"
 	"reflect"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -80,7 +82,11 @@ func (s *Static) Reconfigure(_ context.Context, userConfig json.RawMessage) erro
 		// net/http drops the body of either without a word.
 		return fmt.Errorf("static: user_config: status %d has no body, got body %.40q", cfg.Status, cfg.Body)
 	}
-	if _, _, err := mime.ParseMediaType(cfg.ContentType); err != nil {
+	mt, _, err := mime.ParseMediaType(cfg.ContentType)
+	if err == nil && !strings.Contains(mt, "/") {
+		err = errors.New("no type/subtype") // ParseMediaType takes a bare token
+	}
+	if err != nil {
 		// net/http would send a line break in it as a space: the
 		// header a client sees is not the one configured.
 		return fmt.Errorf("static: user_config: content_type must be a media type (text/html; charset=utf-8), got %.80q: %w", cfg.ContentType, err)
@@ -175,6 +181,15 @@ func NewSleep(userConfig json.RawMessage) (Handler, error) {
 	return s, nil
 }
 
+// plainNumber is x as written in a config: 86400001, not 8.6400001e+07
+// (an exponent only for what is that large).
+func plainNumber(x float64) string {
+	if x > -1e15 && x < 1e15 {
+		return strconv.FormatFloat(x, 'f', -1, 64)
+	}
+	return strconv.FormatFloat(x, 'g', -1, 64)
+}
+
 // Reconfigure replaces the delay and body.
 func (s *Sleep) Reconfigure(_ context.Context, userConfig json.RawMessage) error {
 	var cfg sleepConfig
@@ -182,7 +197,7 @@ func (s *Sleep) Reconfigure(_ context.Context, userConfig json.RawMessage) error
 		return err
 	}
 	if cfg.MS < 0 || cfg.MS > maxSleepMS {
-		return fmt.Errorf("sleep: user_config: ms must be 0 to %d (a day), got %v", maxSleepMS, cfg.MS)
+		return fmt.Errorf("sleep: user_config: ms must be 0 to %d (a day), got %s", maxSleepMS, plainNumber(cfg.MS))
 	}
 	s.cfg.Store(&cfg)
 	return nil

@@ -134,8 +134,10 @@ func TestBuiltinConfigErrors(t *testing.T) {
 		{"static 204 with a body", NewStatic, `{"status":204,"body":"hello"}`, `status 204 has no body, got body "hello"`},
 		{"static content type with a line break", NewStatic, `{"content_type":"text/plain\r\nX-Evil: 1"}`, `content_type must be a media type`},
 		{"static empty content type", NewStatic, `{"content_type":""}`, `content_type must be a media type`},
+		{"static content type of no subtype", NewStatic, `{"content_type":"garbage"}`, `content_type must be a media type (text/html; charset=utf-8), got "garbage": no type/subtype`},
+		{"sleep over a day", NewSleep, `{"ms":86400001}`, `ms must be 0 to 86400000 (a day), got 86400001`},
 		{"sleep negative", NewSleep, `{"ms":-1}`, "ms must be 0 to 86400000 (a day), got -1"},
-		{"sleep past a day", NewSleep, `{"ms":1e13}`, "ms must be 0 to 86400000 (a day), got 1e+13"},
+		{"sleep past a day", NewSleep, `{"ms":1e13}`, "ms must be 0 to 86400000 (a day), got 10000000000000"},
 		{"sleep unknown", NewSleep, `{"seconds":1}`, `unknown field "seconds"`},
 		{"echo takes none", NewEcho, `{"x":1}`, `unknown field "x"`},
 	}
