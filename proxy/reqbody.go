@@ -123,9 +123,7 @@ const lingerTimeout = 500 * time.Millisecond
 // and not where the connection closes after the answer (closeIfBodyLeft,
 // the client's Connection: close or HTTP/1.0): there net/http reads the
 // rest only after the answer is out, and lingerTimeout then bounds that.
-// (Any HTTP/1.0 request counts: net/http keeps a keep-alive one only when
-// it can frame the answer, and then reads the rest itself, under that
-// deadline.) Never through the 100-continue reader, which would ask the
+// (See closesAfter for HTTP/1.0.) Never through the 100-continue reader, which would ask the
 // client for the body. A drain that fails while the handler runs cancels
 // the request's context, as any failed read of its body does.
 //
@@ -133,58 +131,65 @@ const lingerTimeout = 500 * time.Millisecond
 // reached its end: net/http's read for the client's leaving starts there,
 // and a deadline that fires in it cancels the connection's context, and
 // every later request's on it.
-//
-// It reports whether net/http must find its own body in the request for
-// the write about to be made (see lendBody).
-func (sw *statusWriter) settleBody(handlerDone bool) (lend bool) {
+func (sw *statusWriter) settleBody(handlerDone bool) {
 	b := sw.reqBody
 	if b == nil || b.timeout <= 0 || sw.settled {
-		return false
+		return
 	}
 	if b.eof.Load() || b.closed.Load() || b.stalled() {
 		sw.settled = true // a timed out read left its deadline past
-		return false
+		return
 	}
-	if sw.fullDuplex || sw.expect || sw.closeSet || sw.reqClose || connectionCloses(sw.w.Header()) {
+	if sw.fullDuplex || sw.expect || sw.closeSet || sw.closesAfter(handlerDone) {
 		if handlerDone {
 			sw.settled = true
 			_ = b.setDeadline(time.Now().Add(min(b.timeout, lingerTimeout)))
 		}
-		return false
+		return
 	}
 	sw.settled = true
 	if b.length >= 0 && b.length-b.got.Load() > maxDrainBytes {
-		// net/http, finding its own body, sees that much left at once
-		// and closes the connection without reading any. While the
-		// handler runs it would find ours, and read 256 KiB of it.
-		return !handlerDone
+		// net/http sees that much left at once, and closes the
+		// connection without reading any (it finds its own body in its
+		// request: the handler's is a copy).
+		return
 	}
 	_ = b.setDeadline(time.Now().Add(b.timeout))
 	_, err := io.CopyN(io.Discard, b.rc, maxDrainBytes+1)
 	if err == io.EOF {
 		b.eof.Store(true)
 		_ = b.setDeadline(time.Time{})
-		return false
+		return
 	}
 	// Stalled, broken, or longer than net/http would read: the
 	// connection cannot serve another request. (A client still sending
 	// may see it reset before it reads the answer, as for any body a
 	// server gives up on.)
 	_ = b.setDeadline(time.Now())
-	return false
 }
 
-// lendBody gives net/http its own body in the request, for the one write
-// that sends the response's header, and returns what puts the request's
-// back: net/http decides what to do with the body's rest by its type. The
-// handler keeps its own after (a reader bounded by the body timeout).
-// When the handler runs in another goroutine (a request timeout), its
-// request is another copy: this one is only net/http's.
-func (sw *statusWriter) lendBody() (giveBack func()) {
-	r := sw.req
-	prev := r.Body
-	r.Body = sw.reqBody.rc
-	return func() { r.Body = prev }
+// closesAfter reports whether net/http reads the rest of the body only
+// after the answer is out, closing the connection after it: the client
+// asked (Connection: close, HTTP/1.0 without keep-alive), or the handler
+// did. An HTTP/1.0 keep-alive answer, once the handler is done: net/http
+// closes the connection unless it can frame the answer, and then reads
+// the rest itself, under lingerTimeout. While the handler runs, such an
+// answer with a length (a Content-Length, a HEAD's, a 204's) keeps the
+// connection, and net/http would read the rest as the header goes out.
+func (sw *statusWriter) closesAfter(handlerDone bool) bool {
+	if sw.reqClose || connectionCloses(sw.w.Header()) {
+		return true
+	}
+	if !sw.http10 || handlerDone {
+		return sw.http10
+	}
+	framed := sw.head || sw.w.Header()["Content-Length"] != nil || !bodyAllowed(sw.status)
+	return !framed
+}
+
+// bodyAllowed is net/http's bodyAllowedForStatus.
+func bodyAllowed(status int) bool {
+	return !(status >= 100 && status <= 199 || status == http.StatusNoContent || status == http.StatusNotModified)
 }
 
 // connectionCloses reports whether h, a response's header, says the

@@ -69,6 +69,9 @@ type result struct {
 	sendTimedOut bool
 	// bytes is how much of the response body was written.
 	bytes int
+	// abandoned is set when the proxy gave up on a handler still running
+	// (a 408 at the request timeout).
+	abandoned bool
 }
 
 // serveApp is the request path of every application route.
@@ -90,9 +93,10 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	id := ids[0]
 	w.Header()[requestIDHeader] = ids[:1:1] // shared with the request, never appended to
 
-	sw := getStatusWriter(w, r, &p.hijacks)
+	sw := getStatusWriter(w, &p.hijacks)
 	defer putStatusWriter(sw)
 	sw.sendTimeout = p.opts.ClientSendTimeout
+	hr := r // the handler's request
 	if body := r.Body; body != nil && body != http.NoBody {
 		// Not pooled with sw: a handler past its deadline may read it
 		// after the request.
@@ -101,14 +105,22 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 			sw.reqBody.timeout, sw.reqBody.setDeadline = p.opts.ClientBodyTimeout, rd.SetReadDeadline
 		}
 		sw.expect = r.Header["Expect"] != nil // net/http answered any but 100-continue
-		sw.reqClose = r.Close || !r.ProtoAtLeast(1, 1)
-		r.Body = sw.reqBody
-		// net/http decides whether the connection can be reused by the
-		// type of the request's body (a body it closed early, an Expect
-		// whose body did not come): it must find its own again.
-		defer func() { r.Body = body }()
+		sw.reqClose, sw.http10, sw.head = r.Close, !r.ProtoAtLeast(1, 1), r.Method == http.MethodHead
+		// The handler's is a copy: net/http decides what to do with the
+		// rest of the body by the type of its request's, whenever the
+		// response's header goes out (a body it closed early, one too
+		// large to read, an Expect whose body did not come), and must
+		// find its own.
+		hr = new(http.Request)
+		*hr = *r
+		hr.Body = sw.reqBody
+		defer func() {
+			if hr.MultipartForm != nil && r.MultipartForm == nil {
+				r.MultipartForm = hr.MultipartForm // net/http removes its files
+			}
+		}()
 	}
-	res := p.route(sw, r, start)
+	res := p.route(sw, hr, start)
 	if sw.sendArmed && !res.abort && sw.switchedAt.IsZero() {
 		sw.endSend()
 	}
@@ -224,7 +236,15 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, t)
 		defer cancel()
+		outer := r
 		r = r.WithContext(ctx)
+		defer func() {
+			// A multipart form the handler parsed, once it has returned
+			// (see serveWithDeadline), for net/http to remove its files.
+			if !res.abandoned && r.MultipartForm != nil {
+				outer.MultipartForm = r.MultipartForm
+			}
+		}()
 	}
 
 	var tried [maxAttempts]replica.Handle // the replicas that refused it, this round
@@ -261,7 +281,7 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 		}
 		res.replica = h
 		if p.opts.RequestTimeout > 0 {
-			res.err = p.serveWithDeadline(ctx, h, release, sw, r)
+			res.abandoned, res.err = p.serveWithDeadline(ctx, h, release, sw, r)
 		} else {
 			res.err = h.Serve(sw, r)
 			release()
@@ -317,7 +337,11 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 // can answer 408 at the deadline even if the handler ignores its context.
 // The replica's slot is held until the handler really returns: the limit
 // counts work being done, not requests being waited for.
-func (p *Proxy) serveWithDeadline(ctx context.Context, h replica.Handle, release func(), sw *statusWriter, r *http.Request) error {
+//
+// abandoned is set when the handler is still running as this returns:
+// then the files of a multipart form it parses are removed once it is
+// done.
+func (p *Proxy) serveWithDeadline(ctx context.Context, h replica.Handle, release func(), sw *statusWriter, r *http.Request) (abandoned bool, err error) {
 	dw := newDeadlineWriter(sw)
 	done := make(chan error, 1)
 	go func() {
@@ -327,25 +351,31 @@ func (p *Proxy) serveWithDeadline(ctx context.Context, h replica.Handle, release
 	select {
 	case err := <-done:
 		dw.finish(err)
-		return err
+		return false, err
 	case <-ctx.Done():
 	}
 	if dw.close() {
 		// A WebSocket, say: the deadline was its handshake's, and its
 		// handler has the connection now. Its slot is held until it ends.
-		return <-done
+		return false, <-done
 	}
 	select {
 	case err := <-done:
 		// It finished just as the deadline passed: its answer stands if
 		// it began (the proxy answers 408 if not, so its header stays
 		// out).
-		return err
+		return false, err
 	default:
 	}
+	go func() {
+		<-done
+		if r.MultipartForm != nil {
+			_ = r.MultipartForm.RemoveAll()
+		}
+	}()
 	// If the response had begun, it is too late for a status: route sees
 	// that and aborts the connection.
-	return ctx.Err()
+	return true, ctx.Err()
 }
 
 // finish decides a served request's status, answering for the replica when

@@ -14,7 +14,6 @@ import (
 // logs, metrics and error mapping. It is pooled: one per request in flight.
 type statusWriter struct {
 	w           http.ResponseWriter
-	req         *http.Request // as net/http has it (see settleBody)
 	status      int
 	wroteHeader bool
 	// reqBody is the request's body, if it has one, as the handler reads
@@ -25,9 +24,10 @@ type statusWriter struct {
 	// the proxy answers itself, with an error (see closeIfBodyLeft).
 	fullDuplex, expect, own bool
 	// reqClose is set when the client asked for the connection to close
-	// after the answer (Connection: close, HTTP/1.0); closeSet when
+	// after the answer (Connection: close, HTTP/1.0 without keep-alive);
+	// http10 for an HTTP/1.0 request, head for a HEAD; closeSet when
 	// closeIfBodyLeft did; settled once settleBody is done.
-	reqClose, closeSet, settled bool
+	reqClose, http10, head, closeSet, settled bool
 	// hijacks keeps the connections handlers take over (see Hijack);
 	// switchedAt is when one did.
 	hijacks    *hijackedConns
@@ -83,14 +83,14 @@ func (sw *statusWriter) sendTimedOut() bool {
 
 var statusWriterPool = sync.Pool{New: func() any { return new(statusWriter) }}
 
-func getStatusWriter(w http.ResponseWriter, r *http.Request, hijacks *hijackedConns) *statusWriter {
+func getStatusWriter(w http.ResponseWriter, hijacks *hijackedConns) *statusWriter {
 	sw := statusWriterPool.Get().(*statusWriter)
-	*sw = statusWriter{w: w, req: r, hijacks: hijacks}
+	*sw = statusWriter{w: w, hijacks: hijacks}
 	return sw
 }
 
 func putStatusWriter(sw *statusWriter) {
-	sw.w, sw.req = nil, nil
+	sw.w = nil
 	statusWriterPool.Put(sw)
 }
 
@@ -116,9 +116,7 @@ func (sw *statusWriter) Write(b []byte) (int, error) {
 		sw.closeIfBodyLeft()
 	}
 	if sw.sent+len(b) > bufferedBody {
-		if sw.settleBody(false) { // the header goes out with this write
-			defer sw.lendBody()()
-		}
+		sw.settleBody(false) // the header goes out with this write
 		if sw.sendTimeout > 0 {
 			sw.armSend()
 		}
@@ -141,9 +139,7 @@ func (sw *statusWriter) FlushError() error {
 		sw.status, sw.wroteHeader = http.StatusOK, true
 		sw.closeIfBodyLeft()
 	}
-	if sw.settleBody(false) {
-		defer sw.lendBody()()
-	}
+	sw.settleBody(false)
 	if sw.sendTimeout > 0 {
 		sw.armSend()
 	}

@@ -22,6 +22,9 @@ func ExactKeys(raw []byte, v any) error {
 	if t == nil || t.Kind() != reflect.Struct {
 		return nil
 	}
+	if reflect.PointerTo(t).Implements(reflect.TypeFor[json.Unmarshaler]()) {
+		return nil // its own UnmarshalJSON decides what its keys are
+	}
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(raw, &obj) != nil {
 		return nil
@@ -44,11 +47,38 @@ func ExactKeys(raw []byte, v any) error {
 // JSON.
 func hasJSONField(t reflect.Type, key string) bool {
 	for i := range t.NumField() {
-		if name, ok := jsonName(t.Field(i)); ok && name == key {
+		f := t.Field(i)
+		if et := embeddedStruct(f); et != nil {
+			if hasJSONField(et, key) {
+				return true
+			}
+			continue
+		}
+		if name, ok := jsonName(f); ok && name == key {
 			return true
 		}
 	}
 	return false
+}
+
+// embeddedStruct is the struct type of f when encoding/json promotes its
+// fields (an embedded struct, or pointer to one, with no name in its
+// tag), or nil.
+func embeddedStruct(f reflect.StructField) reflect.Type {
+	if !f.Anonymous {
+		return nil
+	}
+	if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" {
+		return nil
+	}
+	t := f.Type
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return nil
+	}
+	return t
 }
 
 // jsonName is f's name in JSON, and whether it has one.
@@ -56,10 +86,12 @@ func jsonName(f reflect.StructField) (string, bool) {
 	if !f.IsExported() {
 		return "", false
 	}
-	name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-	switch name {
-	case "-":
+	tag := f.Tag.Get("json")
+	if tag == "-" {
 		return "", false
+	}
+	name, _, _ := strings.Cut(tag, ",")
+	switch name {
 	case "":
 		return f.Name, true
 	}

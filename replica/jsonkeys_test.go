@@ -49,3 +49,57 @@ func TestUserConfigKeysAreExact(t *testing.T) {
 		t.Errorf("sleep with MS: %v", err)
 	}
 }
+
+type commonConfig struct {
+	Timeout int `json:"timeout"`
+}
+
+type InnerConfig struct {
+	Level int `json:"level"`
+}
+
+type embeddingConfig struct {
+	commonConfig        // promoted by encoding/json: "timeout"
+	*InnerConfig        // pointer embed, promoted too: "level"
+	Word         string `json:"word"`
+	Dash         int    `json:"-,"` // the key "-"
+}
+
+// ExactKeys takes what encoding/json (with DisallowUnknownFields) takes in
+// the exact case: promoted fields of embedded structs, the key "-" (found
+// by review).
+func TestExactKeysTakesWhatJSONTakes(t *testing.T) {
+	for _, in := range []string{`{"word": "a", "timeout": 5}`, `{"level": 2}`, `{"-": 1}`} {
+		var c embeddingConfig
+		dec := json.NewDecoder(strings.NewReader(in))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&c); err != nil {
+			t.Fatalf("%s: encoding/json refuses it too: %v", in, err)
+		}
+		if err := DecodeUserConfig("model", json.RawMessage(in), &embeddingConfig{}); err != nil {
+			t.Errorf("%s: %v (encoding/json took it: %+v)", in, err, c)
+		}
+	}
+}
+
+// A config type with its own UnmarshalJSON (accepting an alias key) is
+// left to it.
+type aliasedConfig struct {
+	MS int `json:"ms"`
+}
+
+func (a *aliasedConfig) UnmarshalJSON(b []byte) error {
+	var m map[string]int
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	a.MS = m["ms"] + 1000*m["seconds"]
+	return nil
+}
+
+func TestExactKeysLeavesAnUnmarshalerAlone(t *testing.T) {
+	var a aliasedConfig
+	if err := DecodeUserConfig("model", json.RawMessage(`{"seconds": 2}`), &a); err != nil {
+		t.Errorf("custom UnmarshalJSON: %v (decoded to %+v)", err, a)
+	}
+}
