@@ -52,16 +52,13 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 	// Not after the body's end or its Close: nothing is read from the
 	// client then (net/http's body answers at once), and a deadline left
 	// would fire in net/http's read for the client's leaving.
-	armed := b.timeout > 0 && !b.eof.Load() && !b.closed.Load()
-	if armed {
+	if b.timeout > 0 && !b.eof.Load() && !b.closed.Load() {
 		d := time.Now().Add(b.timeout)
 		b.readDeadline.Store(d.UnixNano())
+		defer b.readDeadline.Store(0) // a panic in the read too
 		_ = b.setDeadline(d)
 	}
 	n, err := b.rc.Read(p)
-	if armed {
-		b.readDeadline.Store(0)
-	}
 	b.got.Add(int64(n))
 	switch {
 	case err == io.EOF:
