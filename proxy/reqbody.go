@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -129,6 +128,9 @@ const lingerTimeout = 500 * time.Millisecond
 // and a deadline that fires in it cancels the connection's context, and
 // every later request's on it.
 func (sw *statusWriter) settleBody(handlerDone bool) {
+	if !handlerDone {
+		sw.headerOut = true
+	}
 	b := sw.reqBody
 	if b == nil || b.timeout <= 0 || sw.settled {
 		return
@@ -177,10 +179,16 @@ func (sw *statusWriter) closesAfter(handlerDone bool) bool {
 	if sw.reqClose || connectionCloses(sw.w.Header()) {
 		return true
 	}
-	if !sw.http10 || handlerDone {
-		return sw.http10
+	if !sw.http10 {
+		return false
 	}
-	framed := sw.head || sw.w.Header()["Content-Length"] != nil || !bodyAllowed(sw.status)
+	h := sw.w.Header()
+	framed := sw.head || h["Content-Length"] != nil || !bodyAllowed(sw.status)
+	if handlerDone && !sw.headerOut && h["Transfer-Encoding"] == nil && h["Trailer"] == nil {
+		// net/http gives a header still unsent a Content-Length of its
+		// own (all of the body is in its buffer): a keep-alive answer.
+		framed = true
+	}
 	return !framed
 }
 
@@ -192,14 +200,10 @@ func bodyAllowed(status int) bool {
 // connectionCloses reports whether h, a response's header, says the
 // connection closes after it, as net/http reads it.
 func connectionCloses(h http.Header) bool {
-	for _, v := range h["Connection"] {
-		for f := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(f), "close") {
-				return true
-			}
-		}
-	}
-	return false
+	// Exactly as chunkWriter.writeHeader reads it: its first value, and
+	// only "close" (not "Close", nor "keep-alive, close").
+	v := h["Connection"]
+	return len(v) > 0 && v[0] == "close"
 }
 
 // closeIfBodyLeft marks the response, about to be written, as the

@@ -111,6 +111,12 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 		// response's header goes out (a body it closed early, one too
 		// large to read, an Expect whose body did not come), and must
 		// find its own.
+		if r.Trailer == nil && r.ContentLength < 0 {
+			// net/http fills in its own request's Trailer at the body's
+			// end, making one if nil: trailers not declared up front must
+			// land in a map the copy shares.
+			r.Trailer = make(http.Header)
+		}
 		hr = new(http.Request)
 		*hr = *r
 		hr.Body = sw.reqBody
@@ -145,6 +151,11 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 		// connection ends the request's context too): it gets nothing,
 		// where net/http would send an empty 200. Nor does a request
 		// cut at shutdown, whose connection is being closed.
+		// net/http's finishRequest, which removes a multipart form's
+		// files, does not run after a panic.
+		if f := hr.MultipartForm; f != nil {
+			_ = f.RemoveAll()
+		}
 		panic(http.ErrAbortHandler)
 	}
 	if sw.fullDuplex && !sw.wroteHeader {

@@ -28,6 +28,9 @@ type statusWriter struct {
 	// http10 for an HTTP/1.0 request, head for a HEAD; closeSet when
 	// closeIfBodyLeft did; settled once settleBody is done.
 	reqClose, http10, head, closeSet, settled bool
+	// headerOut is set once the response's header went out while the
+	// handler ran (see settleBody).
+	headerOut bool
 	// hijacks keeps the connections handlers take over (see Hijack);
 	// switchedAt is when one did.
 	hijacks    *hijackedConns
