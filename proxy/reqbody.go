@@ -20,14 +20,21 @@ type trackedBody struct {
 	// read deadline.
 	timeout     time.Duration
 	setDeadline func(time.Time) error
+	// expect is set for a request that asked for 100-continue; read once
+	// the handler read it (net/http then asked the client for it).
+	expect   bool
+	read     atomic.Bool
+	limitHit atomic.Bool // read past PROXY_MAX_BODY_BYTES
 	// got counts the bytes read; eof, closed and timedOut are set as they
 	// happen. All are read by the handler's goroutine and written by the
 	// body reader's, which may be another.
 	got                   atomic.Int64
 	eof, closed, timedOut atomic.Bool
 	// readDeadline is the deadline of the read in progress (Unix
-	// nanoseconds), 0 when none is: see stalled.
-	readDeadline atomic.Int64
+	// nanoseconds), 0 when none is: see stalled. handlerDeadline is the
+	// read deadline the handler set itself, 0 if none (see
+	// statusWriter.SetReadDeadline).
+	readDeadline, handlerDeadline atomic.Int64
 }
 
 // stalled reports whether the client stalled its body: a read timed out,
@@ -48,13 +55,19 @@ type readDeadliner interface{ SetReadDeadline(time.Time) error }
 
 // Read implements io.Reader.
 func (b *trackedBody) Read(p []byte) (int, error) {
+	b.read.Store(true)
 	// Not after the body's end or its Close: nothing is read from the
 	// client then (net/http's body answers at once), and a deadline left
 	// would fire in net/http's read for the client's leaving.
+	handlers := false // the deadline is the handler's own
 	if b.timeout > 0 && !b.eof.Load() && !b.closed.Load() {
 		d := time.Now().Add(b.timeout)
-		b.readDeadline.Store(d.UnixNano())
-		defer b.readDeadline.Store(0) // a panic in the read too
+		if hd := b.handlerDeadline.Load(); hd != 0 && hd < d.UnixNano() {
+			d, handlers = time.Unix(0, hd), true
+		} else {
+			b.readDeadline.Store(d.UnixNano())
+			defer b.readDeadline.Store(0) // a panic in the read too
+		}
 		_ = b.setDeadline(d)
 	}
 	n, err := b.rc.Read(p)
@@ -62,12 +75,16 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 	switch {
 	case err == io.EOF:
 		b.eof.Store(true)
+		fallthrough
+	case err != nil && !errors.Is(err, os.ErrDeadlineExceeded):
 		if b.timeout > 0 {
-			// net/http's own read for the client's leaving, which starts
-			// at the body's end, must not inherit it.
+			// No more to wait for: the body's end (net/http's read for
+			// the client's leaving, started there, clears it as well),
+			// or a read net/http failed without the client (a body it
+			// closed), which must not leave it running.
 			_ = b.setDeadline(time.Time{})
 		}
-	case err != nil && b.timeout > 0 && errors.Is(err, os.ErrDeadlineExceeded):
+	case err != nil && b.timeout > 0 && !handlers:
 		b.timedOut.Store(true)
 	}
 	return n, err
@@ -76,16 +93,20 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 // Close implements io.Closer. net/http's Close reads what is left of a
 // small body, to keep the connection: from a client that stalls, for as
 // long as it likes, in the handler's goroutine. It is bounded by the
-// timeout, once; then the deadline goes, whatever came of it: net/http
-// reads no more of a closed body, and its read for the client's leaving,
-// started at the body's end, must not inherit it.
+// timeout, once (at once for a 100-continue body never asked for: the
+// connection closes anyway); then the deadline goes, whatever came of
+// it, as net/http reads no more of a closed body.
 func (b *trackedBody) Close() error {
 	if b.closed.Swap(true) || b.timeout <= 0 || b.eof.Load() || b.timedOut.Load() {
 		// (After a timed out read the deadline is past: net/http's read
 		// of the rest fails at once, as it should.)
 		return b.rc.Close()
 	}
-	_ = b.setDeadline(time.Now().Add(b.timeout))
+	d := time.Now().Add(b.timeout)
+	if b.expect && !b.read.Load() {
+		d = time.Now() // never asked for: the connection closes anyway
+	}
+	_ = b.setDeadline(d)
 	err := b.rc.Close()
 	_ = b.setDeadline(time.Time{})
 	return err
@@ -114,19 +135,18 @@ const lingerTimeout = 500 * time.Millisecond
 // fail at once, so that it answers and closes the connection.
 //
 // It runs once: when the response's header is about to go out while the
-// handler runs (a write past what net/http buffers, a flush), or when the
-// handler is done (handlerDone). Not while a handler reads full duplex,
-// and not where the connection closes after the answer (closeIfBodyLeft,
-// the client's Connection: close or HTTP/1.0): there net/http reads the
-// rest only after the answer is out, and lingerTimeout then bounds that.
-// (See closesAfter for HTTP/1.0.) Never through the 100-continue reader, which would ask the
-// client for the body. A drain that fails while the handler runs cancels
-// the request's context, as any failed read of its body does.
+// handler runs (a write past what net/http buffers, a flush, a hijack), or
+// when the handler is done (handlerDone). Not while a handler reads full
+// duplex, and not where the connection closes after the answer
+// (closeIfBodyLeft, closesAfter): there net/http reads the rest only after
+// the answer is out, and lingerTimeout then bounds that. Never through
+// the 100-continue reader, which would ask the client for the body. A
+// drain that fails while the handler runs cancels the request's context,
+// as any failed read of its body does.
 //
-// The deadline is never left past, nor running, once the body has
-// reached its end: net/http's read for the client's leaving starts there,
-// and a deadline that fires in it cancels the connection's context, and
-// every later request's on it.
+// No deadline is set once the body has reached its end: net/http's read
+// for the client's leaving runs from there, and a deadline that fires in
+// it cancels the connection's context, and every later request's on it.
 func (sw *statusWriter) settleBody(handlerDone bool) {
 	if !handlerDone {
 		sw.headerOut = true
@@ -136,7 +156,7 @@ func (sw *statusWriter) settleBody(handlerDone bool) {
 		return
 	}
 	if b.eof.Load() || b.closed.Load() || b.stalled() {
-		sw.settled = true // a timed out read left its deadline past
+		sw.settled = true // nothing to wait for (a timed out read left its deadline past)
 		return
 	}
 	if sw.fullDuplex || sw.expect || sw.closeSet || sw.closesAfter(handlerDone) {
@@ -176,20 +196,31 @@ func (sw *statusWriter) settleBody(handlerDone bool) {
 // answer with a length (a Content-Length, a HEAD's, a 204's) keeps the
 // connection, and net/http would read the rest as the header goes out.
 func (sw *statusWriter) closesAfter(handlerDone bool) bool {
-	if sw.reqClose || connectionCloses(sw.w.Header()) {
+	h := sw.w.Header()
+	closes, framed := connectionCloses(h), sw.head || h["Content-Length"] != nil || !bodyAllowed(sw.status)
+	if sw.wroteHeader {
+		closes, framed = sw.hdrCloses, sw.hdrFramed
+	}
+	if sw.reqClose || closes {
 		return true
 	}
 	if !sw.http10 {
 		return false
 	}
-	h := sw.w.Header()
-	framed := sw.head || h["Content-Length"] != nil || !bodyAllowed(sw.status)
 	if handlerDone && !sw.headerOut && h["Transfer-Encoding"] == nil && h["Trailer"] == nil {
 		// net/http gives a header still unsent a Content-Length of its
 		// own (all of the body is in its buffer): a keep-alive answer.
 		framed = true
 	}
 	return !framed
+}
+
+// snapHeader records what net/http reads of the header as it is written:
+// it ignores the handler's changes after.
+func (sw *statusWriter) snapHeader() {
+	h := sw.w.Header()
+	sw.hdrCloses = connectionCloses(h)
+	sw.hdrFramed = sw.head || h["Content-Length"] != nil || !bodyAllowed(sw.status)
 }
 
 // bodyAllowed is net/http's bodyAllowedForStatus.
@@ -208,17 +239,18 @@ func connectionCloses(h http.Header) bool {
 
 // closeIfBodyLeft marks the response, about to be written, as the
 // connection's last when the request body has not been read to its end
-// and net/http, writing the header while the handler runs (the body
-// behind our wrapper), could not tell what to do with the rest:
-//   - the handler read it full duplex: net/http reads at most 256 KiB of
-//     the rest after the handler, and does not close the connection for
-//     more, so the rest would be read as the next requests (request
-//     smuggling); for less, the read it starts at the body's end outlives
-//     the request, and the next request on the connection panics
+// and net/http, writing the header, would not do with the rest what it
+// should:
+//   - the handler read it full duplex: net/http reads the rest after the
+//     handler (up to 256 KiB) and keeps the connection if that read
+//     fails, so the rest would be read as the next requests (request
+//     smuggling); when it reaches the end, the read it starts there
+//     outlives the request, and the next request on the connection panics
 //     ("invalid concurrent Body.Read call", golang/go#68560);
 //   - the request asked for 100-continue: net/http would read the body it
 //     never asked for, from a client waiting for an answer;
-//   - the handler closed it: net/http takes it for read;
+//   - a handler read past PROXY_MAX_BODY_BYTES: net/http's own limit
+//     would close the connection, but it cannot be told;
 //   - the proxy answers itself at the request's deadline (408), or to a
 //     body that is not small (a 404, a 503): net/http would read up to
 //     256 KiB of it first, from a client that may be sending it slowly,
@@ -233,7 +265,7 @@ func (sw *statusWriter) closeIfBodyLeft() {
 		return
 	}
 	own := sw.own && (sw.status == http.StatusRequestTimeout || b.length < 0 || b.length > smallRequestBody)
-	if sw.fullDuplex || sw.expect || own || b.closed.Load() {
+	if sw.fullDuplex || sw.expect || own || b.limitHit.Load() {
 		sw.w.Header().Set("Connection", "close")
 		sw.closeSet = true
 	}
@@ -248,7 +280,10 @@ const smallRequestBody = 64 << 10
 // limit names the setting, for the handler that answers with it (the
 // built-in echo): the client learns which limit it met. The error still
 // unwraps to the *http.MaxBytesError.
-type limitedBody struct{ io.ReadCloser }
+type limitedBody struct {
+	io.ReadCloser
+	tb *trackedBody // marked past the limit: net/http's requestTooLarge is out of reach
+}
 
 // bodyLimitError is limitedBody's error past the limit.
 type bodyLimitError struct{ *http.MaxBytesError }
@@ -263,6 +298,9 @@ func (e bodyLimitError) Unwrap() error { return e.MaxBytesError }
 func (l limitedBody) Read(p []byte) (int, error) {
 	n, err := l.ReadCloser.Read(p)
 	if mbe, ok := err.(*http.MaxBytesError); ok {
+		if l.tb != nil {
+			l.tb.limitHit.Store(true)
+		}
 		err = bodyLimitError{mbe}
 	}
 	return n, err

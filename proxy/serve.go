@@ -105,6 +105,7 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 			sw.reqBody.timeout, sw.reqBody.setDeadline = p.opts.ClientBodyTimeout, rd.SetReadDeadline
 		}
 		sw.expect = r.Header["Expect"] != nil // net/http answered any but 100-continue
+		sw.reqBody.expect = sw.expect
 		sw.reqClose, sw.http10, sw.head = r.Close, !r.ProtoAtLeast(1, 1), r.Method == http.MethodHead
 		// The handler's is a copy: net/http decides what to do with the
 		// rest of the body by the type of its request's, whenever the
@@ -240,7 +241,7 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 			writeError(sw, res.status, fmt.Sprintf("Request body too large: %d bytes, the limit is %d bytes (PROXY_MAX_BODY_BYTES)", r.ContentLength, limit))
 			return res
 		}
-		r.Body = limitedBody{http.MaxBytesReader(sw, r.Body, limit)}
+		r.Body = limitedBody{http.MaxBytesReader(sw, r.Body, limit), sw.reqBody}
 	}
 	ctx := r.Context()
 	if t := p.opts.RequestTimeout; t > 0 {

@@ -31,6 +31,10 @@ type statusWriter struct {
 	// headerOut is set once the response's header went out while the
 	// handler ran (see settleBody).
 	headerOut bool
+	// hdrCloses and hdrFramed are what net/http reads of the header when
+	// it is written (its snapshot): see closesAfter.
+	hdrCloses, hdrFramed bool
+
 	// hijacks keeps the connections handlers take over (see Hijack);
 	// switchedAt is when one did.
 	hijacks    *hijackedConns
@@ -108,6 +112,7 @@ func (sw *statusWriter) WriteHeader(code int) {
 		// before it hijacks the connection).
 		sw.status, sw.wroteHeader = code, true
 		sw.closeIfBodyLeft()
+		sw.snapHeader()
 	}
 	sw.w.WriteHeader(code)
 }
@@ -117,6 +122,7 @@ func (sw *statusWriter) Write(b []byte) (int, error) {
 	if !sw.wroteHeader {
 		sw.status, sw.wroteHeader = http.StatusOK, true
 		sw.closeIfBodyLeft()
+		sw.snapHeader()
 	}
 	if sw.sent+len(b) > bufferedBody {
 		sw.settleBody(false) // the header goes out with this write
@@ -141,6 +147,7 @@ func (sw *statusWriter) FlushError() error {
 	if !sw.wroteHeader {
 		sw.status, sw.wroteHeader = http.StatusOK, true
 		sw.closeIfBodyLeft()
+		sw.snapHeader()
 	}
 	sw.settleBody(false)
 	if sw.sendTimeout > 0 {
@@ -163,15 +170,40 @@ func (sw *statusWriter) FlushError() error {
 // the response (http.ResponseController finds it here), and records that
 // it did.
 func (sw *statusWriter) EnableFullDuplex() error {
+	if b := sw.reqBody; sw.wroteHeader && b != nil && !b.eof.Load() {
+		// net/http took its header already: the Connection: close that
+		// full duplex needs (see closeIfBodyLeft) cannot be added.
+		return errFullDuplexAfterHeader
+	}
 	sw.fullDuplex = true
 	return http.NewResponseController(sw.w).EnableFullDuplex()
 }
+
+// SetReadDeadline lets a handler bound its reads of the request body
+// itself (http.ResponseController finds it here): the earlier of its
+// deadline and the client body timeout applies to each read, and only the
+// timeout's makes the request a 408.
+func (sw *statusWriter) SetReadDeadline(t time.Time) error {
+	if b := sw.reqBody; b != nil {
+		var ns int64
+		if !t.IsZero() {
+			ns = t.UnixNano()
+		}
+		b.handlerDeadline.Store(ns)
+	}
+	return http.NewResponseController(sw.w).SetReadDeadline(t)
+}
+
+var errFullDuplexAfterHeader = errors.New("EnableFullDuplex after WriteHeader, with the request body unread, is not supported")
 
 // Hijack implements http.Hijacker: a handler (a WebSocket, relayed to a
 // replica in another process or served in process) takes the connection
 // over. It is kept track of, for the graceful shutdown, and the request is
 // recorded as 101 Switching Protocols.
 func (sw *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if sw.wroteHeader {
+		sw.settleBody(false) // net/http's Hijack flushes the header
+	}
 	c, brw, err := sw.hijacks.hijack(sw.w)
 	if err == nil {
 		sw.status, sw.wroteHeader = http.StatusSwitchingProtocols, true
@@ -257,6 +289,17 @@ func (dw *deadlineWriter) EnableFullDuplex() error {
 		return http.ErrHandlerTimeout
 	}
 	return http.NewResponseController(dw.w).EnableFullDuplex()
+}
+
+// SetReadDeadline lets the handler bound its reads of the body (see
+// statusWriter.SetReadDeadline).
+func (dw *deadlineWriter) SetReadDeadline(t time.Time) error {
+	dw.mu.Lock()
+	defer dw.mu.Unlock()
+	if dw.closed {
+		return http.ErrHandlerTimeout
+	}
+	return dw.w.SetReadDeadline(t)
 }
 
 // Hijack implements http.Hijacker. A handler that took its connection
