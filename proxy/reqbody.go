@@ -218,6 +218,9 @@ func (sw *statusWriter) closesAfter(handlerDone bool) bool {
 // snapHeader records what net/http reads of the header as it is written:
 // it ignores the handler's changes after.
 func (sw *statusWriter) snapHeader() {
+	if sw.reqBody == nil {
+		return // nothing to settle: not on the path of a GET
+	}
 	h := sw.w.Header()
 	sw.hdrCloses = connectionCloses(h)
 	sw.hdrFramed = sw.head || h["Content-Length"] != nil || !bodyAllowed(sw.status)
