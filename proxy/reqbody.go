@@ -30,6 +30,9 @@ type trackedBody struct {
 	// body reader's, which may be another.
 	got                   atomic.Int64
 	eof, closed, timedOut atomic.Bool
+	// cut is set when a read failed at the handler's own deadline: as
+	// after a timed out one, the rest is not read.
+	cut atomic.Bool
 	// readDeadline is the deadline of the read in progress (Unix
 	// nanoseconds), 0 when none is: see stalled. handlerDeadline is the
 	// read deadline the handler set itself, 0 if none (see
@@ -59,11 +62,12 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 	// Not after the body's end or its Close: nothing is read from the
 	// client then (net/http's body answers at once), and a deadline left
 	// would fire in net/http's read for the client's leaving.
-	handlers := false // the deadline is the handler's own
+	var ours int64 // the proxy's deadline for this read
 	if b.timeout > 0 && !b.eof.Load() && !b.closed.Load() {
 		d := time.Now().Add(b.timeout)
-		if hd := b.handlerDeadline.Load(); hd != 0 && hd < d.UnixNano() {
-			d, handlers = time.Unix(0, hd), true
+		ours = d.UnixNano()
+		if hd := b.handlerDeadline.Load(); hd != 0 && hd < ours {
+			d = time.Unix(0, hd)
 		} else {
 			b.readDeadline.Store(d.UnixNano())
 			defer b.readDeadline.Store(0) // a panic in the read too
@@ -84,8 +88,15 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 			// closed), which must not leave it running.
 			_ = b.setDeadline(time.Time{})
 		}
-	case err != nil && b.timeout > 0 && !handlers:
-		b.timedOut.Store(true)
+	case err != nil && b.timeout > 0:
+		// The handler's own deadline, if it came first (set before the
+		// read or during it), is no stall of the client's: no 408. Either
+		// way the connection cannot go on (net/http ended its context).
+		if hd := b.handlerDeadline.Load(); hd != 0 && (ours == 0 || hd <= ours) {
+			b.cut.Store(true)
+		} else {
+			b.timedOut.Store(true)
+		}
 	}
 	return n, err
 }
@@ -97,7 +108,7 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 // connection closes anyway); then the deadline goes, whatever came of
 // it, as net/http reads no more of a closed body.
 func (b *trackedBody) Close() error {
-	if b.closed.Swap(true) || b.timeout <= 0 || b.eof.Load() || b.timedOut.Load() {
+	if b.closed.Swap(true) || b.timeout <= 0 || b.eof.Load() || b.timedOut.Load() || b.cut.Load() {
 		// (After a timed out read the deadline is past: net/http's read
 		// of the rest fails at once, as it should.)
 		return b.rc.Close()
@@ -157,6 +168,13 @@ func (sw *statusWriter) settleBody(handlerDone bool) {
 	}
 	if b.eof.Load() || b.closed.Load() || b.stalled() {
 		sw.settled = true // nothing to wait for (a timed out read left its deadline past)
+		return
+	}
+	if b.cut.Load() {
+		// A read failed at the handler's deadline (which it may have moved
+		// since): net/http's read of the rest must fail too, and close.
+		sw.settled = true
+		_ = b.setDeadline(time.Now())
 		return
 	}
 	if sw.fullDuplex || sw.expect || sw.closeSet || sw.closesAfter(handlerDone) {

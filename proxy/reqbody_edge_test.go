@@ -537,3 +537,105 @@ func TestHalfCloseMidBodyIsNot408(t *testing.T) {
 		}
 	}
 }
+
+// A handler's own read deadline fires (net/http's connReader cancels the
+// connection's context); the rest of the body comes; the next request on
+// the same connection must not start with a cancelled context.
+func TestHandlerDeadlineThenNextRequest(t *testing.T) {
+	tp := startProxy(t, Options{ClientBodyTimeout: 2 * time.Second},
+		testDeployment{app: "rd", prefix: "/rd", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.ContentLength > 0 {
+				_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+				_, err := io.ReadAll(r.Body)
+				_, _ = io.WriteString(w, "first:"+errString(err))
+				return
+			}
+			if err := r.Context().Err(); err != nil {
+				_, _ = io.WriteString(w, "second: ctx "+err.Error())
+				return
+			}
+			_, _ = io.WriteString(w, "second: ok")
+		})})
+	c := dialProxy(t, tp)
+	br := bufio.NewReader(c)
+	_, _ = io.WriteString(c, "POST /rd HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n0123456789")
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_, _ = io.WriteString(c, "0123456789")
+	}()
+	res, body, _ := readAnswer(t, c, br, "first")
+	t.Logf("first: %d close=%v %q", res.StatusCode, res.Close, body)
+	if res.Close {
+		return
+	}
+	_, _ = io.WriteString(c, "GET /rd HTTP/1.1\r\nHost: x\r\n\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	res2, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("second request on the kept connection: %v", err)
+	}
+	b, _ := io.ReadAll(res2.Body)
+	t.Logf("second: %d %q", res2.StatusCode, b)
+	if res2.StatusCode != 200 || !strings.Contains(string(b), "ok") {
+		t.Errorf("second request on the kept connection: %d %q", res2.StatusCode, b)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "nil"
+	}
+	return err.Error()
+}
+
+// A handler that unblocks a read in progress with a past read deadline
+// (the usual idiom) is not answered 408 for the client's stall, nor cut as
+// its client's leaving: the deadline is its own (found by review).
+func TestPastReadDeadlineDuringARead(t *testing.T) {
+	tp := startProxy(t, Options{ClientBodyTimeout: 2 * time.Second},
+		testDeployment{app: "rd", prefix: "/rd", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			done := make(chan struct{})
+			go func() { _, _ = io.ReadAll(r.Body); close(done) }()
+			time.Sleep(100 * time.Millisecond)
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+			<-done
+			// returns without writing: net/http would send an empty 200
+		})})
+	c := dialProxy(t, tp)
+	br := bufio.NewReader(c)
+	_, _ = io.WriteString(c, "POST /rd HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n0123456789")
+	res, body, took := readAnswer(t, c, br, "/rd")
+	t.Logf("%d after %v: %q", res.StatusCode, took.Round(time.Millisecond), body)
+	if res.StatusCode == http.StatusRequestTimeout {
+		t.Errorf("the handler's own deadline reported as the client's stall: %d %q", res.StatusCode, body)
+	}
+}
+
+// 1xx, then Connection: close set, then the final WriteHeader: the
+// snapshot must include it.
+func TestEarlyHintsThenClose(t *testing.T) {
+	tp := startProxy(t, Options{ClientBodyTimeout: 300 * time.Millisecond},
+		testDeployment{app: "rd", prefix: "/rd", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Link", "</x>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			w.Header().Set("Connection", "close")
+			w.WriteHeader(http.StatusOK)
+			w.Header().Del("Connection")
+			_, _ = io.WriteString(w, "ok")
+		})})
+	c := dialProxy(t, tp)
+	br := bufio.NewReader(c)
+	_, _ = io.WriteString(c, "POST /rd HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n0123456789")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	r1, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("interim %d", r1.StatusCode)
+	res, body, _ := readAnswer(t, c, br, "/rd")
+	t.Logf("%d close=%v %q after %v", res.StatusCode, res.Close, body, time.Since(start).Round(time.Millisecond))
+	if !res.Close {
+		t.Errorf("Connection: close set before the final WriteHeader was lost")
+	}
+}

@@ -440,7 +440,11 @@ func (p *Proxy) finish(sw *statusWriter, r *http.Request, res *result) int {
 		// whatever status it began with.
 		return StatusClientClosedRequest
 	}
-	if ctxErr := r.Context().Err(); !sw.wroteHeader && ctxErr != nil {
+	// A read of the body that failed at the handler's own read deadline
+	// ends the request's context too (net/http's doing): not the client's
+	// leaving.
+	ownCut := sw.reqBody != nil && sw.reqBody.cut.Load()
+	if ctxErr := r.Context().Err(); !sw.wroteHeader && ctxErr != nil && !(ownCut && errors.Is(ctxErr, context.Canceled)) {
 		// The handler gave up on a request whose client left (499: nothing
 		// is written) or whose deadline passed (408).
 		status := statusOf(ctxErr)
