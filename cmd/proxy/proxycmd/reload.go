@@ -184,7 +184,7 @@ var liveFields = []string{"user_config", "num_replicas", "upstreams", "hosts"}
 func (rl *reloader) plan(next *config.Config) (changes []change, restart []string) {
 	cur := rl.running
 	needs := func(field, what string) {
-		restart = append(restart, fieldError(next, rl.path, field, fmt.Errorf("%s; that takes a restart (a reload changes user_config, num_replicas, upstreams and hosts)", what)).Error())
+		restart = append(restart, fieldError(next, rl.path, field, fmt.Errorf("%s; that takes a restart (a reload changes user_config, num_replicas of in-process and command deployments, upstreams and hosts)", what)).Error())
 	}
 	for _, f := range changedFields(cur.HTTPOptions, next.HTTPOptions) {
 		needs("http_options."+f, "changed")
