@@ -166,13 +166,14 @@ func (sw *statusWriter) settleBody(handlerDone bool) {
 	if b == nil || b.timeout <= 0 || sw.settled {
 		return
 	}
-	if b.eof.Load() || b.closed.Load() || b.stalled() {
-		sw.settled = true // nothing to wait for (a timed out read left its deadline past)
+	if b.eof.Load() || b.closed.Load() {
+		sw.settled = true // nothing to wait for
 		return
 	}
-	if b.cut.Load() {
-		// A read failed at the handler's deadline (which it may have moved
-		// since): net/http's read of the rest must fail too, and close.
+	if b.stalled() || b.cut.Load() {
+		// A read failed (or is failing) at a deadline, the proxy's or the
+		// handler's (which it may have moved since): net/http's read of
+		// the rest must fail too, and close the connection.
 		sw.settled = true
 		_ = b.setDeadline(time.Now())
 		return
@@ -215,7 +216,7 @@ func (sw *statusWriter) settleBody(handlerDone bool) {
 // connection, and net/http would read the rest as the header goes out.
 func (sw *statusWriter) closesAfter(handlerDone bool) bool {
 	h := sw.w.Header()
-	closes, framed := connectionCloses(h), sw.head || h["Content-Length"] != nil || !bodyAllowed(sw.status)
+	closes, framed := sw.headerSays(h)
 	if sw.wroteHeader {
 		closes, framed = sw.hdrCloses, sw.hdrFramed
 	}
@@ -239,9 +240,14 @@ func (sw *statusWriter) snapHeader() {
 	if sw.reqBody == nil {
 		return // nothing to settle: not on the path of a GET
 	}
-	h := sw.w.Header()
-	sw.hdrCloses = connectionCloses(h)
-	sw.hdrFramed = sw.head || h["Content-Length"] != nil || !bodyAllowed(sw.status)
+	sw.hdrCloses, sw.hdrFramed = sw.headerSays(sw.w.Header())
+}
+
+// headerSays reports what h, the response's header, tells net/http:
+// whether the connection closes after it, and whether the answer has a
+// length it can frame it by (for HTTP/1.0 keep-alive).
+func (sw *statusWriter) headerSays(h http.Header) (closes, framed bool) {
+	return connectionCloses(h), sw.head || h["Content-Length"] != nil || !bodyAllowed(sw.status)
 }
 
 // bodyAllowed is net/http's bodyAllowedForStatus.
