@@ -1,12 +1,9 @@
 package proxy
 
 import (
-	"bytes"
-	"fmt"
 	"io"
 	"os"
 	"runtime/debug"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -92,6 +89,27 @@ func NewLogWriter(out io.Writer) *LogWriter {
 // Write implements io.Writer; zerolog writes one whole line per call.
 func (l *LogWriter) Write(p []byte) (int, error) { return l.w.Write(p) }
 
+// Waiting returns a writer into the same log whose lines, when every
+// buffer is waiting for the output, wait for one to come free rather than
+// being dropped: for a replica process's output, which a burst of would
+// otherwise lose even to a file that keeps up, and where the wait holds
+// up the process's next write to its pipe (as a terminal would), never a
+// request. A write waits outputWaitLimit at most; once one has, the
+// output is taken for stuck and its lines are dropped at once, as Write's
+// are, until it takes a buffer again.
+func (l *LogWriter) Waiting() io.Writer { return waitingWriter{l.w} }
+
+type waitingWriter struct{ w *asyncWriter }
+
+func (ww waitingWriter) Write(p []byte) (int, error) { return ww.w.writeWaiting(p) }
+
+// ReportDrops has report called, from the writer's goroutine and at most
+// once a second, with the number of lines lost since it was last called:
+// lines lost to an output that stopped taking them are reported once it
+// takes them again. report may log through l; a report that is lost
+// itself is counted in the next.
+func (l *LogWriter) ReportDrops(report func(n int)) { l.w.reportDrops(report) }
+
 // Dropped returns the number of lines lost so far.
 func (l *LogWriter) Dropped() uint64 { return l.dropped.Load() }
 
@@ -99,167 +117,3 @@ func (l *LogWriter) Dropped() uint64 { return l.dropped.Load() }
 // waiting for the output at most a few seconds. Lines written after Close
 // are dropped.
 func (l *LogWriter) Close() error { return l.w.Close() }
-
-// asyncWriter batches writes into a few fixed buffers; a goroutine writes
-// out each full buffer, and on a timer the one being filled (or, if eager,
-// whatever has been written as soon as it can). Write never blocks on the
-// output and allocates nothing.
-type asyncWriter struct {
-	out     io.Writer
-	dropped func(n int)
-	// eager writes each line out as soon as the goroutine can, rather than
-	// on the timer: for a log read by people, not one of a line a request.
-	eager bool
-	kick  chan struct{} // a line is waiting (eager)
-	free  chan []byte   // empty buffers
-	full  chan []byte   // buffers to write out, in order
-	stop  chan struct{}
-	done  chan struct{}
-	once  sync.Once
-
-	// mu guards cur and closed.
-	mu     sync.Mutex
-	cur    []byte // the buffer being filled; nil while none is free
-	closed bool   // Close has begun: lines are dropped
-}
-
-func newAsyncWriter(out io.Writer, dropped func(n int)) *asyncWriter {
-	w := &asyncWriter{
-		out:     out,
-		dropped: dropped,
-		kick:    make(chan struct{}, 1),
-		free:    make(chan []byte, accessLogBuffers),
-		full:    make(chan []byte, accessLogBuffers),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
-		cur:     make([]byte, 0, accessLogBufferSize),
-	}
-	for range accessLogBuffers - 1 {
-		w.free <- make([]byte, 0, accessLogBufferSize)
-	}
-	go w.loop()
-	return w
-}
-
-// Write implements io.Writer. zerolog writes one whole line per call.
-func (w *asyncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	if w.cur != nil && len(w.cur)+len(p) > cap(w.cur) {
-		w.handOffLocked()
-	}
-	if w.cur == nil && !w.closed {
-		select {
-		case b := <-w.free: // a buffer came back since
-			w.cur = b[:0]
-		default:
-		}
-	}
-	if w.cur == nil || len(p) > accessLogBufferSize {
-		w.mu.Unlock()
-		// Counted at once: the log's goroutine may be stuck writing to
-		// an output that does not read (a full pipe).
-		if w.dropped != nil {
-			w.dropped(1)
-		}
-		return len(p), nil
-	}
-	w.cur = append(w.cur, p...)
-	w.mu.Unlock()
-	if w.eager {
-		select {
-		case w.kick <- struct{}{}:
-		default: // the goroutine has been told already
-		}
-	}
-	return len(p), nil
-}
-
-// handOffLocked queues the current buffer, which is not empty, for writing
-// and takes a free one, or none if every buffer is queued (then lines are
-// dropped until one comes back). w.mu must be held.
-func (w *asyncWriter) handOffLocked() {
-	w.full <- w.cur // never blocks: it has room for every buffer there is
-	select {
-	case b := <-w.free:
-		w.cur = b[:0]
-	default:
-		w.cur = nil
-	}
-}
-
-// flush queues what the buffer being filled holds, or, while lines are
-// being dropped, takes the next free buffer.
-func (w *asyncWriter) flush() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.cur == nil {
-		select {
-		case b := <-w.free:
-			w.cur = b[:0]
-		default:
-		}
-	} else if len(w.cur) > 0 {
-		w.handOffLocked()
-	}
-}
-
-func (w *asyncWriter) loop() {
-	defer close(w.done)
-	t := time.NewTicker(accessLogFlushInterval)
-	defer t.Stop()
-	for {
-		select {
-		case b := <-w.full:
-			w.writeOut(b)
-		case <-w.kick:
-			w.flush()
-		case <-t.C:
-			w.flush()
-		case <-w.stop:
-			w.mu.Lock()
-			w.closed = true
-			if len(w.cur) > 0 {
-				w.full <- w.cur
-			}
-			w.cur = nil
-			w.mu.Unlock()
-			for len(w.full) > 0 { // this goroutine is the only reader
-				w.writeOut(<-w.full)
-			}
-			return
-		}
-	}
-}
-
-// newline counts the lines of a buffer the output refused.
-var newline = []byte{'\n'}
-
-func (w *asyncWriter) writeOut(b []byte) {
-	// A failing output has nowhere to report to but the count: the lines
-	// it did not take are lost.
-	if n, err := w.out.Write(b); err != nil && w.dropped != nil {
-		if lost := bytes.Count(b[min(n, len(b)):], newline); lost > 0 {
-			w.dropped(lost)
-		}
-	}
-	w.free <- b[:0]
-}
-
-// errLogBlocked is Close's error when the output did not take the lines
-// still buffered in time.
-var errLogBlocked = fmt.Errorf("log output blocked for %v: the lines still buffered were not written", logCloseTimeout)
-
-// Close writes out everything buffered and stops the goroutine, waiting at
-// most logCloseTimeout for an output that does not read. Lines written
-// after Close are dropped.
-func (w *asyncWriter) Close() error {
-	w.once.Do(func() { close(w.stop) })
-	t := time.NewTimer(logCloseTimeout)
-	defer t.Stop()
-	select {
-	case <-w.done:
-		return nil
-	case <-t.C:
-		return errLogBlocked
-	}
-}

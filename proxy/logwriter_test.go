@@ -3,9 +3,11 @@ package proxy
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -82,6 +84,153 @@ func TestConsoleLogHasNoColoursOffATerminal(t *testing.T) {
 		}
 		if strings.Contains(s, "\x1b[") {
 			t.Errorf("%s: console lines with colours: %q", what, s)
+		}
+	}
+}
+
+// A burst far larger than the log's buffers, written through Waiting to a
+// file, arrives whole: a replica process printing 100,000 lines at once
+// lost a third of them and more before (found by a tester).
+func TestWaitingLogWriterKeepsABurstToAFile(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	l := NewLogWriter(f)
+	w := l.Waiting()
+	line := []byte(strings.Repeat("x", 200) + "\n")
+	const n = 100_000 // 20 MB, eighty times the buffers
+	for range n {
+		if _, err := w.Write(line); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bytes.Count(b, newline); got != n || l.Dropped() != 0 {
+		t.Fatalf("%d of %d lines in the file, %d dropped", got, n, l.Dropped())
+	}
+}
+
+// An output that takes nothing holds a waiting write up once, for
+// outputWaitLimit, and then no more: its lines are dropped at once (a
+// replica process is not slowed to a line a second), and counted; once the
+// output takes a buffer again, writes wait again.
+func TestWaitingLogWriterGivesUpOnAStuckOutput(t *testing.T) {
+	g := &gate{open: make(chan struct{})}
+	l := NewLogWriter(g)
+	w := l.Waiting()
+	line := []byte(strings.Repeat("y", 1000) + "\n")
+	start := time.Now()
+	const n = 2000 // 2 MB: eight times the buffers
+	for range n {
+		_, _ = w.Write(line)
+	}
+	took := time.Since(start)
+	if took < outputWaitLimit {
+		t.Fatalf("the writes took %v: no write waited for the stuck output", took)
+	}
+	if took > outputWaitLimit+5*time.Second {
+		t.Fatalf("the writes took %v: more than one waited for the stuck output", took)
+	}
+	dropped := l.Dropped()
+	if dropped == 0 || dropped >= n {
+		t.Fatalf("Dropped() = %d of %d lines: want some, the buffers' worth kept", dropped, n)
+	}
+	close(g.open)
+	waitFor(t, "the output to take the buffers", func() bool { return !l.w.stalled.Load() })
+	for range n { // the output takes them now: nothing more is lost
+		_, _ = w.Write(line)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Dropped(); got != dropped {
+		t.Fatalf("Dropped() = %d after the output came back, want still %d", got, dropped)
+	}
+	if got := uint64(bytes.Count(g.buf.Bytes(), newline)); got != 2*n-dropped {
+		t.Fatalf("%d lines written out, want %d", got, 2*n-dropped)
+	}
+}
+
+// Lost lines are said in the log, once a second at most, once the output
+// takes lines again, and the reports add up to the count: the metric alone
+// is seen by whoever looks.
+func TestLogWriterReportsLostLines(t *testing.T) {
+	g := &gate{open: make(chan struct{})}
+	l := NewLogWriter(g)
+	var (
+		mu       sync.Mutex
+		reported int
+		reports  int
+	)
+	l.ReportDrops(func(n int) {
+		mu.Lock()
+		defer mu.Unlock()
+		reported += n
+		reports++
+	})
+	line := []byte(strings.Repeat("z", 1000) + "\n")
+	for range 1000 {
+		_, _ = l.Write(line)
+	}
+	dropped := int(l.Dropped())
+	if dropped == 0 {
+		t.Fatal("no line dropped with the output stuck")
+	}
+	close(g.open) // reported from the writer's goroutine, held up till now
+	waitFor(t, "the lost lines reported", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return reported == dropped
+	})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if reports != 1 {
+		t.Fatalf("%d reports for one burst of lost lines, want 1", reports)
+	}
+}
+
+// A flood through Waiting leaves a buffer to the log's other lines: the
+// proxy's own lines are kept while a replica's output waits (the first
+// version let the flood take every buffer, and lost the "serving" line).
+func TestWaitingLogWriterLeavesRoomForOtherLines(t *testing.T) {
+	g := &gate{open: make(chan struct{})}
+	l := NewLogWriter(g)
+	flood := []byte(strings.Repeat("f", 1000) + "\n")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w := l.Waiting()
+		for range 1000 { // 1 MB: four times the buffers
+			_, _ = w.Write(flood)
+		}
+	}()
+	waitFor(t, "the flood to fill all but the last buffer", func() bool {
+		l.w.mu.Lock()
+		defer l.w.mu.Unlock()
+		return l.w.queued.Load() == accessLogBuffers-1
+	})
+	for i := range 10 {
+		_, _ = l.Write([]byte(fmt.Sprintf(`{"message":"own %d"}`+"\n", i)))
+	}
+	close(g.open)
+	<-done
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if want := fmt.Sprintf(`"own %d"`, i); !strings.Contains(g.buf.String(), want) {
+			t.Fatalf("own line %d lost beside the flood (%d lines dropped)", i, l.Dropped())
 		}
 	}
 }

@@ -231,6 +231,9 @@ func New(opts Options) (*Proxy, error) {
 	}
 	if opts.AccessLog != nil {
 		p.access = NewAccessLogger(opts.AccessLog, opts.LogFormat, func(n int) { p.metrics.accessDropped.Add(float64(n)) })
+		p.access.out.reportDrops(func(n int) {
+			opts.Log.Warn().Int("lines", n).Msg("access-log lines were lost: the access log's output did not take them in time (a reader that stopped, or a disk too slow); serve_proxy_access_log_dropped_total counts them")
+		})
 	}
 	p.notFound = p.newRouteState("", "", "")
 	for _, r := range table.Routes() {

@@ -193,6 +193,51 @@ func TestStalledStderr(t *testing.T) {
 	t.Logf("exited %v after SIGTERM", time.Since(start).Round(time.Millisecond))
 }
 
+// Lines lost to a log collector that stalled are said in the log once it
+// reads again, with their number: an SRE reading the log sees the gap.
+func TestStalledStderrReportsLostLines(t *testing.T) {
+	hi := startHi(t)
+	p := spawnPipedProxy(t, faultConfig(hi.addr, deadAddr(t)))
+	c := newClient(t, 4)
+	fillLog(t, c, "http://"+p.httpAddr+"/loc/", 4000)
+	code, body := getWithin(t, "http://"+p.adminAddr+"/metrics", 10*time.Second)
+	if code != http.StatusOK {
+		t.Fatalf("/metrics: %d", code)
+	}
+	dropped := metricValue(t, body, "serve_proxy_access_log_dropped_total")
+	if dropped == 0 {
+		t.Fatal("no access-log line counted as dropped: was stderr stalled at all?")
+	}
+	reported := make(chan float64, 1)
+	go func() { // the collector reads again
+		sc := bufio.NewScanner(p.stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		sum := 0.0
+		for sc.Scan() {
+			var l struct {
+				Message string  `json:"message"`
+				Lines   float64 `json:"lines"`
+			}
+			if json.Unmarshal(sc.Bytes(), &l) == nil && strings.HasPrefix(l.Message, "access-log lines were lost") {
+				if sum += l.Lines; sum >= dropped {
+					reported <- sum
+					break
+				}
+			}
+		}
+		_, _ = io.Copy(io.Discard, p.stderr)
+	}()
+	select {
+	case sum := <-reported:
+		t.Logf("%v access-log lines lost, %v reported in the log", dropped, sum)
+		if sum != dropped {
+			t.Fatalf("the log reports %v lost access-log lines, the metric counts %v", sum, dropped)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("no log line reports the %v access-log lines lost within 15s of the collector reading again", dropped)
+	}
+}
+
 // A log collector that goes away (its pipe closed) leaves the proxy
 // serving and its lines counted as lost, where Go's default for a write to
 // a closed stderr is to die of SIGPIPE.
@@ -245,4 +290,59 @@ func metricValue(t *testing.T, body, name string) float64 {
 	}
 	t.Fatalf("/metrics has no %s", name)
 	return 0
+}
+
+// A replica process that prints a burst far larger than the log's buffers
+// (20,000 lines a stream at once) has every line in the proxy's log when
+// its reader keeps up: before, a burst of 5,000 lost lines (found by a
+// tester), counted in serve_proxy_log_dropped_total and said nowhere.
+func TestCommandOutputBurstIsKept(t *testing.T) {
+	path := writeConfig(t, `applications:
+  - name: loud
+    route_prefix: /
+    deployments:
+      - name: loud
+        handler: command
+        command: [sh, -c, 'seq 1 20000; seq 1 20000 >&2; exec "$HISERVER" -listen 127.0.0.1:$PORT']
+        env: [HISERVER=`+hiBin+`]
+        health_check_path: /
+`)
+	p := startProxy(t, nil, "-config", path)
+	const want = 20000
+	// seq's lines, by stream, in the order logged (hiserver's own
+	// "listening" line aside).
+	count := func() map[string][]string {
+		got := map[string][]string{}
+		for _, l := range p.stderrLines() {
+			var e struct {
+				Message, Stream, Line string
+			}
+			if json.Unmarshal([]byte(l), &e) == nil && e.Message == "replica output" && !strings.HasPrefix(e.Line, "listening") {
+				got[e.Stream] = append(got[e.Stream], e.Line)
+			}
+		}
+		return got
+	}
+	waitUntil(t, "every line of the replica's output in the log", func() bool {
+		got := count()
+		return len(got["stdout"]) >= want && len(got["stderr"]) >= want
+	})
+	for stream, lines := range count() {
+		if len(lines) != want {
+			t.Fatalf("%s: %d lines logged, want %d", stream, len(lines), want)
+		}
+		for i, l := range lines {
+			if l != strconv.Itoa(i+1) {
+				t.Fatalf("%s: line %d logged is %q, want %d", stream, i+1, l, i+1)
+			}
+		}
+	}
+	c := newClient(t, 1)
+	_, body := getWithin(t, "http://"+p.AdminAddr+"/metrics", 10*time.Second)
+	if v := metricValue(t, body, "serve_proxy_log_dropped_total"); v != 0 {
+		t.Fatalf("serve_proxy_log_dropped_total = %v, want 0", v)
+	}
+	if r := get(t, c, "http://"+p.HTTPAddr+"/"); r.status != http.StatusOK {
+		t.Fatalf("GET / = %d", r.status)
+	}
 }

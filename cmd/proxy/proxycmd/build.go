@@ -37,8 +37,8 @@ const firstResolveTimeout = 5 * time.Second
 // their health_check_timeout_s does not hold up the others); ctx ends
 // the starts early (a shutdown asked for meanwhile). On any error the
 // deployments started are stopped, and the error names every one that
-// failed.
-func build(ctx context.Context, cfg *config.Config, e config.Env, reg *replica.Registry, log zerolog.Logger) ([]*proxy.Application, []func(context.Context), error) {
+// failed. outputLog receives the output of the replica processes.
+func build(ctx context.Context, cfg *config.Config, e config.Env, reg *replica.Registry, log, outputLog zerolog.Logger) ([]*proxy.Application, []func(context.Context), error) {
 	type built struct {
 		dep  *proxy.Deployment
 		disc *replica.Discovery
@@ -51,7 +51,7 @@ func build(ctx context.Context, cfg *config.Config, e config.Env, reg *replica.R
 		for j, d := range a.Deployments {
 			wg.Go(func() {
 				r := &results[i][j]
-				r.dep, r.disc, r.err = buildDeployment(ctx, a, d, e, reg, log)
+				r.dep, r.disc, r.err = buildDeployment(ctx, a, d, e, reg, log, outputLog)
 			})
 		}
 	}
@@ -82,7 +82,7 @@ func build(ctx context.Context, cfg *config.Config, e config.Env, reg *replica.R
 }
 
 // buildDeployment starts deployment d of application a.
-func buildDeployment(ctx context.Context, a config.Application, d config.Deployment, e config.Env, reg *replica.Registry, log zerolog.Logger) (_ *proxy.Deployment, _ *replica.Discovery, err error) {
+func buildDeployment(ctx context.Context, a config.Application, d config.Deployment, e config.Env, reg *replica.Registry, log, outputLog zerolog.Logger) (_ *proxy.Deployment, _ *replica.Discovery, err error) {
 	spec := replica.DeploymentSpec{
 		App:                      a.Name,
 		Name:                     d.Name,
@@ -112,7 +112,7 @@ func buildDeployment(ctx context.Context, a config.Application, d config.Deploym
 	case config.HandlerUpstream:
 		disc, err = upstreamSpec(&spec, d, e, alog, setTargets)
 	case config.HandlerCommand:
-		commandSpec(&spec, d, e, alog)
+		commandSpec(&spec, d, e, alog, outputLog.With().Str("application", a.Name).Logger())
 	case config.HandlerHost:
 		hostsBuilt, disc, err = hostSpec(&spec, d, e, alog, &hostDep, setTargets)
 	default:
@@ -261,7 +261,7 @@ func upstreamTargets(upstreams []string) []string {
 }
 
 // commandSpec makes spec start d's command for each replica.
-func commandSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log zerolog.Logger) {
+func commandSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log, outputLog zerolog.Logger) {
 	if prog := filepath.Base(d.Command[0]); !slices.Contains([]string{"sh", "bash", "dash", "zsh", "ksh"}, prog) {
 		for _, a := range d.Command[1:] {
 			if strings.Contains(a, "$PORT") || strings.Contains(a, "${PORT}") {
@@ -276,7 +276,7 @@ func commandSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env
 		Command: d.Command,
 		Dir:     d.WorkingDir,
 		Env:     d.Env,
-		Log:     log.With().Str("deployment", d.Name).Logger(),
+		Log:     outputLog.With().Str("deployment", d.Name).Logger(),
 	}
 	grace := d.GracefulShutdownTimeout()
 	spec.Start = func(ctx context.Context, id string, onRelease func()) (replica.Replica, error) {

@@ -147,6 +147,9 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 	logOut := proxy.NewLogWriter(stderr)
 	defer logOut.Close()
 	log := proxy.NewLogger(logOut, e.LogLevel, e.LogFormat)
+	logOut.ReportDrops(func(n int) {
+		log.Warn().Int("lines", n).Msg("lines of this log were lost: stderr did not take them in time (a burst larger than the log's buffers, or a reader that stopped); serve_proxy_log_dropped_total counts them")
+	})
 	log.Info().Str("version", versionString()).Str("config", displayName(path)).
 		Str("http_addr", httpAddr(cfg)).Str("admin_addr", e.AdminAddr).
 		Bool("access_log", e.AccessLog).Stringer("request_timeout", cfg.HTTPOptions.RequestTimeout()).

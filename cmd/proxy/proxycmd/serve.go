@@ -56,7 +56,13 @@ func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path s
 	starting := serveStarting(log, e.ReadHeaderTimeout, int(e.MaxHeaderBytes), public, admin)
 	log.Info().Str("http_addr", public.Addr().String()).Str("admin_addr", admin.Addr().String()).
 		Msg("listening; answering 503 until the deployments' first starts are done")
-	apps, discoveries, err := build(ctx, cfg, e, reg, log)
+	// Replica processes' output waits for the log's output rather than
+	// being lost in a burst (see proxy.LogWriter.Waiting).
+	outputLog := log
+	if logOut != nil {
+		outputLog = proxy.NewLogger(logOut.Waiting(), e.LogLevel, e.LogFormat)
+	}
+	apps, discoveries, err := build(ctx, cfg, e, reg, log, outputLog)
 	if n := starting.handBack(); n > 0 {
 		log.Info().Int64("requests", n).Msg("answered 503 during the start (probes of /-/healthz included), before the access log began")
 	}

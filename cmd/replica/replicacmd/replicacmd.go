@@ -182,6 +182,9 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 	logOut := proxy.NewLogWriter(stderr)
 	defer logOut.Close()
 	log := proxy.NewLogger(logOut, e.LogLevel, e.LogFormat)
+	logOut.ReportDrops(func(n int) {
+		log.Warn().Int("lines", n).Msg("lines of this log were lost: stderr did not take them in time (a burst larger than the log's buffers, or a reader that stopped)")
+	})
 	for _, w := range config.UnknownEnv(env) {
 		log.Warn().Msg(w)
 	}

@@ -1,0 +1,291 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// outputWaitLimit bounds how long a waiting write (LogWriter.Waiting)
+// waits for a free buffer. Once one has waited that long the output is
+// taken for stuck, and waiting writes drop their lines at once until it
+// takes a buffer again: a log collector that stopped reading must not
+// stall a replica process for long.
+const outputWaitLimit = time.Second
+
+// dropReportInterval is how often, at most, lost lines are reported in a
+// log line (see asyncWriter.reportDrops).
+const dropReportInterval = time.Second
+
+// asyncWriter batches writes into a few fixed buffers; a goroutine writes
+// out each full buffer, and on a timer the one being filled (or, if eager,
+// whatever has been written as soon as it can). Write never blocks on the
+// output and allocates nothing.
+type asyncWriter struct {
+	// First, what every Write touches, to share one cache line.
+
+	// mu guards cur, closed and wrote.
+	mu     sync.Mutex
+	cur    []byte       // the buffer being filled; nil while none is free
+	queued atomic.Int32 // buffers handed off and not yet written out
+	closed bool         // Close has begun: lines are dropped
+	// eager writes each line out as soon as the goroutine can, rather than
+	// on the timer: for a log read by people, not one of a line a request.
+	eager bool
+	kick  chan struct{} // a line is waiting (eager)
+	free  chan []byte   // empty buffers
+
+	full    chan []byte // buffers to write out, in order
+	out     io.Writer
+	dropped func(n int)
+	stop    chan struct{}
+	done    chan struct{}
+	once    sync.Once
+
+	// wrote, if not nil, is closed (and cleared) when the output next
+	// takes a buffer: waiting writes wait on it. waiters is set before a
+	// waiting write looks for room, so that the output, having freed some,
+	// closes wrote only when someone may wait on it: the access log, which
+	// has no waiting writes, never takes the lock for it.
+	wrote   chan struct{}
+	waiters atomic.Bool
+	// stalled is set when a waiting write gave up on the output, and
+	// cleared when the output takes a buffer.
+	stalled atomic.Bool
+	// unreported counts the lines lost since the last report.
+	unreported atomic.Int64
+	// report, if set, is told every dropReportInterval at most how many
+	// lines were lost since it was last told (see reportDrops).
+	report atomic.Pointer[func(n int)]
+}
+
+func newAsyncWriter(out io.Writer, dropped func(n int)) *asyncWriter {
+	w := &asyncWriter{
+		out:     out,
+		dropped: dropped,
+		kick:    make(chan struct{}, 1),
+		free:    make(chan []byte, accessLogBuffers),
+		full:    make(chan []byte, accessLogBuffers),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+		cur:     make([]byte, 0, accessLogBufferSize),
+	}
+	for range accessLogBuffers - 1 {
+		w.free <- make([]byte, 0, accessLogBufferSize)
+	}
+	go w.loop()
+	return w
+}
+
+// Write implements io.Writer. zerolog writes one whole line per call.
+func (w *asyncWriter) Write(p []byte) (int, error) {
+	if ok, _, _ := w.tryAppend(p, false); !ok {
+		// Counted at once: the log's goroutine may be stuck writing to
+		// an output that does not read (a full pipe).
+		w.lost(1)
+	}
+	return len(p), nil
+}
+
+// tryAppend appends p to the buffer being filled, if there is room. A
+// waiting write leaves the last buffer not queued to the others: a burst
+// of a replica's output must not crowd out the proxy's own lines. If p
+// was not taken, wrote is closed when the output next takes a buffer.
+func (w *asyncWriter) tryAppend(p []byte, waiting bool) (ok bool, wrote <-chan struct{}, closed bool) {
+	w.mu.Lock()
+	if waiting {
+		w.waiters.Store(true) // before looking: see wrote
+	}
+	if w.cur != nil && len(w.cur)+len(p) > cap(w.cur) {
+		w.handOffLocked()
+	}
+	if w.cur == nil && !w.closed {
+		select {
+		case b := <-w.free: // a buffer came back since
+			w.cur = b[:0]
+		default:
+		}
+	}
+	if w.cur == nil || len(p) > accessLogBufferSize || waiting && w.queued.Load() >= accessLogBuffers-1 {
+		if waiting && w.wrote == nil {
+			w.wrote = make(chan struct{})
+		}
+		wrote, closed = w.wrote, w.closed
+		w.mu.Unlock()
+		return false, wrote, closed
+	}
+	w.cur = append(w.cur, p...)
+	w.mu.Unlock()
+	if w.eager {
+		select {
+		case w.kick <- struct{}{}:
+		default: // the goroutine has been told already
+		}
+	}
+	return true, nil, false
+}
+
+// writeWaiting is Write, but when every buffer is waiting for the output
+// it waits for the output to take one (see outputWaitLimit) rather than
+// drop p.
+func (w *asyncWriter) writeWaiting(p []byte) (int, error) {
+	var timeout *time.Timer
+	for {
+		ok, wrote, closed := w.tryAppend(p, true)
+		if ok {
+			break
+		}
+		if closed || len(p) > accessLogBufferSize || w.stalled.Load() {
+			w.lost(1)
+			break
+		}
+		if timeout == nil {
+			timeout = time.NewTimer(outputWaitLimit)
+			defer timeout.Stop()
+		}
+		select {
+		case <-wrote: // a buffer is free again: try again
+			continue
+		case <-timeout.C:
+			w.stalled.Store(true)
+		case <-w.stop:
+		}
+		w.lost(1)
+		break
+	}
+	return len(p), nil
+}
+
+// lost counts n lines lost.
+func (w *asyncWriter) lost(n int) {
+	w.unreported.Add(int64(n))
+	if w.dropped != nil {
+		w.dropped(n)
+	}
+}
+
+// reportDrops has report told, from the writer's goroutine and at most
+// every dropReportInterval, how many lines were lost since it was last
+// told: a log line saying so, where the count alone would be seen only
+// by whoever looks at the metrics.
+func (w *asyncWriter) reportDrops(report func(n int)) { w.report.Store(&report) }
+
+// handOffLocked queues the current buffer, which is not empty, for writing
+// and takes a free one, or none if every buffer is queued (then lines are
+// dropped until one comes back). w.mu must be held.
+func (w *asyncWriter) handOffLocked() {
+	w.full <- w.cur // never blocks: it has room for every buffer there is
+	w.queued.Add(1)
+	select {
+	case b := <-w.free:
+		w.cur = b[:0]
+	default:
+		w.cur = nil
+	}
+}
+
+// flush queues what the buffer being filled holds, or, while lines are
+// being dropped, takes the next free buffer.
+func (w *asyncWriter) flush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cur == nil {
+		select {
+		case b := <-w.free:
+			w.cur = b[:0]
+		default:
+		}
+	} else if len(w.cur) > 0 {
+		w.handOffLocked()
+	}
+}
+
+func (w *asyncWriter) loop() {
+	defer close(w.done)
+	t := time.NewTicker(accessLogFlushInterval)
+	defer t.Stop()
+	lastReport := time.Now()
+	for {
+		select {
+		case b := <-w.full:
+			w.writeOut(b)
+			if w.eager && len(w.full) == 0 {
+				// What came while that was written goes out as one write.
+				w.flush()
+			}
+		case <-w.kick:
+			if len(w.full) == 0 {
+				w.flush()
+			} // else the flush after the queued write takes the line along
+		case now := <-t.C:
+			w.flush()
+			if now.Sub(lastReport) >= dropReportInterval {
+				lastReport = now
+				if r := w.report.Load(); r != nil {
+					if n := w.unreported.Swap(0); n > 0 {
+						(*r)(int(n))
+					}
+				}
+			}
+		case <-w.stop:
+			w.mu.Lock()
+			w.closed = true
+			if len(w.cur) > 0 {
+				w.full <- w.cur
+			}
+			w.cur = nil
+			w.mu.Unlock()
+			for len(w.full) > 0 { // this goroutine is the only reader
+				w.writeOut(<-w.full)
+			}
+			return
+		}
+	}
+}
+
+// newline counts the lines of a buffer the output refused.
+var newline = []byte{'\n'}
+
+func (w *asyncWriter) writeOut(b []byte) {
+	// A failing output has nowhere to report to but the count: the lines
+	// it did not take are lost.
+	if n, err := w.out.Write(b); err != nil {
+		if lost := bytes.Count(b[min(n, len(b)):], newline); lost > 0 {
+			w.lost(lost)
+		}
+	}
+	w.free <- b[:0]
+	w.queued.Add(-1)
+	w.stalled.Store(false)
+	if w.waiters.Load() {
+		w.mu.Lock()
+		if w.wrote != nil {
+			close(w.wrote)
+			w.wrote = nil
+		}
+		w.waiters.Store(false)
+		w.mu.Unlock()
+	}
+}
+
+// errLogBlocked is Close's error when the output did not take the lines
+// still buffered in time.
+var errLogBlocked = fmt.Errorf("log output blocked for %v: the lines still buffered were not written", logCloseTimeout)
+
+// Close writes out everything buffered and stops the goroutine, waiting at
+// most logCloseTimeout for an output that does not read. Lines written
+// after Close are dropped.
+func (w *asyncWriter) Close() error {
+	w.once.Do(func() { close(w.stop) })
+	t := time.NewTimer(logCloseTimeout)
+	defer t.Stop()
+	select {
+	case <-w.done:
+		return nil
+	case <-t.C:
+		return errLogBlocked
+	}
+}
