@@ -256,15 +256,10 @@ func (p *Proxy) putUserConfig(w http.ResponseWriter, r *http.Request) {
 		out.Results[i] = callResult{Replica: res.Actor, OK: res.Err == nil}
 		if res.Err != nil {
 			out.Results[i].Error = res.Err.Error()
-			out.Results[i].Replaced = err == nil && d.Replaces() && !errors.Is(res.Err, context.DeadlineExceeded)
+			out.Results[i].Replaced = d.replacedFor(res, err)
 		}
 	}
-	kept := 0 // failed, and not replaced: given it again at each health check
-	for _, r := range out.Results {
-		if !r.OK && !r.Replaced {
-			kept++
-		}
-	}
+	kept := d.Untaken(results, err)
 	status := http.StatusOK
 	switch {
 	case err == nil && kept > 0:
@@ -292,6 +287,31 @@ func (p *Proxy) putUserConfig(w http.ResponseWriter, r *http.Request) {
 			Msg("user_config change through the admin API refused; nothing changed")
 	}
 	writeJSON(w, status, out)
+}
+
+// replacedFor reports whether the replica of res, one result of a
+// Reconfigure that returned err, is being replaced for failing it.
+func (d *Deployment) replacedFor(res replica.Result, err error) bool {
+	return res.Err != nil && err == nil && d.Replaces() && !errors.Is(res.Err, context.DeadlineExceeded)
+}
+
+// Untaken counts the replicas of results, Reconfigure's, that have not
+// taken its user_config and are not being replaced either (an upstream's,
+// a host's actor that was unreachable, one that did not answer in time):
+// they are given it again at each health check, or when their host
+// reconnects. A change they missed is no full success: PUT .../user_config
+// and POST /-/reload answer 207 for it.
+func (d *Deployment) Untaken(results []replica.Result, err error) int {
+	if err != nil {
+		return 0 // nothing changed
+	}
+	n := 0
+	for _, res := range results {
+		if res.Err != nil && !d.replacedFor(res, err) {
+			n++
+		}
+	}
+	return n
 }
 
 // numReplicasBody is PUT .../num_replicas's body.

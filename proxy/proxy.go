@@ -115,12 +115,16 @@ type ReloadResult struct {
 	// Config is the file read.
 	Config string `json:"config"`
 	// Status is the admin call's HTTP status: 200 when every change was
-	// made (or there was none), 400 when the file has problems, 409 when
-	// it changes what takes a restart (nothing changed for either), 500
-	// when a change was tried and failed.
+	// made (or there was none), 207 when some replicas did not take a
+	// user_config that the others did (see Partial), 400 when the file
+	// has problems, 409 when it changes what takes a restart (nothing
+	// changed for either), 500 when a change was tried and failed.
 	Status int `json:"-"`
 	// Applied lists the changes made, one line each.
 	Applied []string `json:"applied"`
+	// Partial lists the changes made but not on every replica, with how
+	// many missed them (they are in Applied too).
+	Partial []string `json:"partial,omitempty"`
 	// Problems lists the file's problems, or the changes that take a
 	// restart, one line each naming the field.
 	Problems []string `json:"problems,omitempty"`

@@ -329,3 +329,75 @@ func TestReloadListMadeInPart(t *testing.T) {
 		return len(getApplications(t, c, p).Applications[0].Deployments[0].Replicas) == 1
 	})
 }
+
+// A reload whose user_config reaches one host's actors and not another's
+// (down) answers 207, listing the change in partial with how many missed
+// it, as PUT .../user_config does: it answered 200 (found by a tester).
+// The host, back, is given it.
+func TestReloadUserConfigWithAHostDown(t *testing.T) {
+	args := []string{"-handler", "static", "-replicas", "2", "-user-config", `{"body":"old"}`}
+	up, down := startReplicaHost(t, args...), startReplicaHost(t, args...)
+	conf := func(body string) string {
+		return `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: host
+        hosts: ["` + up.addr + `", "` + down.addr + `"]
+        host_handler: static
+        num_replicas: 2
+        health_check_period_s: 60
+        user_config: {body: ` + body + `}
+`
+	}
+	path := writeConfig(t, conf("old"))
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 4)
+	c.Timeout = 40 * time.Second
+	_ = down.cmd.Process.Signal(syscall.SIGKILL)
+	if !p.waitLogged("replica host connection lost", startTimeout) {
+		t.Fatal("the proxy did not see the killed host go")
+	}
+	if err := os.WriteFile(path, []byte(conf("new")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+p.AdminAddr+"/-/reload", nil)
+	r := do(t, c, req)
+	var res struct {
+		Applied, Partial, Failed []string
+	}
+	if err := json.Unmarshal([]byte(r.body), &res); err != nil {
+		t.Fatalf("POST /-/reload: %d %q: %v", r.status, r.body, err)
+	}
+	if r.status != http.StatusMultiStatus || len(res.Applied) != 1 || len(res.Partial) != 1 || len(res.Failed) != 0 ||
+		!strings.Contains(res.Partial[0], "2 of 4 replicas have not taken it") {
+		t.Fatalf("reload with a host down = %d %s, want 207 with the user_config change partial, 2 of 4", r.status, r.body)
+	}
+	if !p.logged("config reloaded, but not every replica took every change") {
+		t.Error("no log line says the reload did not reach every replica")
+	}
+	if got := get(t, c, "http://"+p.HTTPAddr+"/"); got.status != http.StatusOK || got.body != "new" {
+		t.Errorf("GET / after the reload = %d %q, want the new body from the host up", got.status, got.body)
+	}
+	// Reloading the same file again changes nothing: the change was
+	// recorded, and the host down gets it when it is back.
+	if status, res := postReload(t, c, p); status != http.StatusOK || len(res.Applied) != 0 {
+		t.Errorf("the same file again: %d %+v, want 200 and nothing changed", status, res)
+	}
+	startListening(t, replicaBin, append([]string{"-listen", down.addr}, args...)...)
+	waitUntil(t, "the host back in routing", func() bool {
+		n := 0
+		for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
+			if rep.State == "RUNNING" && rep.Healthy {
+				n++
+			}
+		}
+		return n == 4
+	})
+	for i := range 40 { // the actors back are given it before they serve
+		if got := get(t, c, "http://"+p.HTTPAddr+"/"); got.body != "new" {
+			t.Fatalf("GET %d with the host back = %d %q, want the new body", i, got.status, got.body)
+		}
+	}
+}

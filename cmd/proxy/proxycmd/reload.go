@@ -111,6 +111,8 @@ func (rl *reloader) Reload(ctx context.Context) proxy.ReloadResult {
 		ev, msg = rl.log.Error().Strs("problems", res.Problems), "config reload refused: nothing changed"
 	case len(res.Failed) > 0:
 		ev, msg = rl.log.Error().Strs("failed", res.Failed), "config reload: some changes failed"
+	case len(res.Partial) > 0:
+		ev, msg = rl.log.Warn().Strs("partial", res.Partial), "config reloaded, but not every replica took every change"
 	}
 	ev.Str("config", res.Config).Strs("applied", res.Applied).Msg(msg)
 	return res
@@ -145,10 +147,20 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 		cctx, cancel := context.WithTimeout(ctx, reloadTimeout)
 		err := c.apply(cctx, c.dep)
 		cancel()
-		var pending *startPendingError
+		var (
+			pending *startPendingError
+			untaken *untakenError
+		)
 		switch {
 		case errors.As(err, &pending):
 			res.Applied = append(res.Applied, fmt.Sprintf("%s (some replicas not started yet, retried in the background: %v)", c.what, pending.err))
+			continue
+		case errors.As(err, &untaken):
+			// Made, and recorded: the replicas that missed it get it
+			// again at each health check.
+			res.Applied = append(res.Applied, fmt.Sprintf("%s (%v)", c.what, untaken))
+			res.Partial = append(res.Partial, fmt.Sprintf("%s: %v", c.what, untaken))
+			c.applied()
 			continue
 		case err != nil:
 			res.Failed = append(res.Failed, fmt.Sprintf("%s: %v", c.what, err))
@@ -164,10 +176,21 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 		}
 		res.Applied = append(res.Applied, c.what)
 	}
-	if len(res.Failed) > 0 {
+	switch {
+	case len(res.Failed) > 0:
 		res.Status = http.StatusInternalServerError
+	case len(res.Partial) > 0:
+		res.Status = http.StatusMultiStatus // as PUT .../user_config
 	}
 	return res
+}
+
+// untakenError is a user_config change that some replicas have not taken
+// and that is not replacing them (see proxy.Deployment.Untaken).
+type untakenError struct{ untaken, of int }
+
+func (e *untakenError) Error() string {
+	return fmt.Sprintf("%d of %d replicas have not taken it, and were not replaced: they are given it again at each health check, or when their host reconnects", e.untaken, e.of)
 }
 
 // startPendingError is a scale that set num_replicas but could not start
@@ -316,7 +339,10 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 		uc := nd.UserConfig
 		out = append(out, change{dep: dep, what: name + ": user_config " + string(compactJSON(uc)),
 			apply: func(ctx context.Context, d *proxy.Deployment) error {
-				_, err := d.Reconfigure(ctx, uc)
+				results, err := d.Reconfigure(ctx, uc)
+				if n := d.Untaken(results, err); n > 0 {
+					return &untakenError{untaken: n, of: len(results)}
+				}
 				return err
 			},
 			applied: func() { rl.fileConfigs[i][j] = true }})
