@@ -31,6 +31,18 @@ var ErrFixedReplicas = errors.New("its replicas are its upstreams or its hosts' 
 // too: no replica sees either. A replica replaced for failing it would
 // never have started.
 func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage) ([]Result, error) {
+	return d.reconfigure(ctx, userConfig, true)
+}
+
+// ReconfigureChecked is Reconfigure for a userConfig its caller has had
+// the Factory check already (the proxy's reload checks the whole file
+// first): the factory is not run for it again, where a handler that loads
+// a model would load it once more.
+func (d *Deployment) ReconfigureChecked(ctx context.Context, userConfig json.RawMessage) ([]Result, error) {
+	return d.reconfigure(ctx, userConfig, false)
+}
+
+func (d *Deployment) reconfigure(ctx context.Context, userConfig json.RawMessage, check bool) ([]Result, error) {
 	if b := bytes.TrimSpace(userConfig); len(b) == 0 || b[0] != '{' || !json.Valid(b) {
 		if len(b) > 40 {
 			b = append(b[:40:40], "..."...)
@@ -46,7 +58,7 @@ func (d *Deployment) Reconfigure(ctx context.Context, userConfig json.RawMessage
 	// The factory runs outside control: one that takes its time (a model
 	// to load) must not hold up Stop, or the health loop's replacements.
 	var checkErr error
-	if f := d.spec.Factory; f != nil {
+	if f := d.spec.Factory; f != nil && check {
 		checkErr = f.Check(userConfig)
 	}
 	d.control.Lock()

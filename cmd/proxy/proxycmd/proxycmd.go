@@ -121,7 +121,7 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 			return exitInvalid
 		}
 	}
-	cfg, problems := loadConfig(path, e, reg)
+	cfg, problems := loadConfig(path, e, reg, nil)
 	if len(problems) > 0 {
 		for _, p := range problems {
 			fmt.Fprintln(stderr, p)
@@ -181,8 +181,12 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 
 // loadConfig reads the file (or takes the built-in app), applies the
 // environment and checks that every handler exists and accepts its
-// user_config. It returns every problem found, in file order.
-func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Config, []error) {
+// user_config. It returns every problem found, in file order. taken, if
+// not nil, reports whether application app's deployment d runs with d's
+// user_config already: its factory took it, and is not asked again (a
+// reload would otherwise build a handler, a model loaded, for every
+// deployment in the file).
+func loadConfig(path string, e config.Env, reg *replica.Registry, taken func(app string, d config.Deployment) bool) (*config.Config, []error) {
 	var cfg *config.Config
 	var found config.Errors
 	if path == "" {
@@ -240,7 +244,7 @@ func loadConfig(path string, e config.Env, reg *replica.Registry) (*config.Confi
 				found = append(found, fieldError(cfg, path, handlerField, err))
 				continue
 			}
-			if failed[field+".user_config"] {
+			if failed[field+".user_config"] || taken != nil && taken(app.Name, d) {
 				continue
 			}
 			// Build one handler to validate user_config now rather than

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -103,5 +104,124 @@ func TestConfigDirectoryRefused(t *testing.T) {
 	code := Run(context.Background(), []string{"-check"}, map[string]string{"PROXY_CONFIG": dir}, nil, io.Discard, &out)
 	if code != exitInvalid || !strings.Contains(out.String(), "PROXY_CONFIG") || !strings.Contains(out.String(), "is a directory") {
 		t.Fatalf("PROXY_CONFIG a directory: exit %d, output %q", code, out.String())
+	}
+}
+
+// model is a handler whose factory counts the handlers built: a model
+// loaded each time.
+type model struct{ v atomic.Value }
+
+func (m *model) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	_, _ = io.WriteString(w, m.v.Load().(string))
+}
+
+func (m *model) Reconfigure(_ context.Context, uc json.RawMessage) error {
+	m.v.Store(string(uc))
+	return nil
+}
+
+// A reload builds a handler to check a user_config only when the file
+// changes it, and once: it built one for every deployment in the file,
+// and a second for a changed one (found by a tester).
+func TestReloadChecksOnlyWhatChanged(t *testing.T) {
+	var built atomic.Int64
+	reg := replica.NewRegistry()
+	reg.MustRegister("model", func(uc json.RawMessage) (replica.Handler, error) {
+		built.Add(1)
+		m := &model{}
+		m.v.Store(string(uc))
+		return m, nil
+	})
+	path := filepath.Join(t.TempDir(), "serve.yaml")
+	conf := func(v string) string {
+		return "applications:\n" +
+			"  - name: a\n    route_prefix: /a\n    deployments:\n      - {name: d, handler: model, num_replicas: 2, user_config: {v: " + v + "}}\n" +
+			"  - name: b\n    route_prefix: /b\n    deployments:\n      - {name: e, handler: model, user_config: {v: 1}}\n"
+	}
+	if err := os.WriteFile(path, []byte(conf("1")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"PROXY_HTTP_ADDR": "127.0.0.1:0", "PROXY_ADMIN_ADDR": "127.0.0.1:0", "PROXY_GC_TUNING": "false"}
+	pr, pw := io.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	code := make(chan int, 1)
+	go func() {
+		code <- Run(ctx, []string{"-config", path}, env, reg, io.Discard, pw)
+		pw.Close()
+	}()
+	type addrs struct{ http, admin string }
+	serving := make(chan addrs, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			var m struct {
+				Message   string `json:"message"`
+				HTTPAddr  string `json:"http_addr"`
+				AdminAddr string `json:"admin_addr"`
+			}
+			if json.Unmarshal(sc.Bytes(), &m) == nil && m.Message == "serving" {
+				serving <- addrs{m.HTTPAddr, m.AdminAddr}
+			}
+		}
+	}()
+	var a addrs
+	select {
+	case a = <-serving:
+	case c := <-code:
+		t.Fatalf("Run returned %d before serving", c)
+	case <-time.After(20 * time.Second):
+		t.Fatal("no serving line within 20s")
+	}
+	reload := func() string {
+		t.Helper()
+		resp, err := http.Post("http://"+a.admin+"/-/reload", "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST /-/reload: %d %s", resp.StatusCode, b)
+		}
+		return string(b)
+	}
+	get := func(path string) string {
+		t.Helper()
+		resp, err := http.Get("http://" + a.http + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	atStart := built.Load() // a check for each deployment, then its replicas
+	if atStart != 2+3 {
+		t.Fatalf("%d handlers built at the start, want 5 (2 checks, 3 replicas)", atStart)
+	}
+	reload()
+	if n := built.Load() - atStart; n != 0 {
+		t.Errorf("reload of the same file built %d handlers, want 0", n)
+	}
+	if err := os.WriteFile(path, []byte(conf("2")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := reload(); !strings.Contains(out, `user_config {\"v\":2}`) {
+		t.Fatalf("reload with a's user_config changed: %s", out)
+	}
+	if n := built.Load() - atStart; n != 1 {
+		t.Errorf("reload with one user_config changed built %d handlers, want 1 (its check)", n)
+	}
+	for range 4 {
+		if got := get("/a"); got != `{"v":2}` {
+			t.Fatalf("GET /a after the reload = %q, want the new user_config", got)
+		}
+	}
+	cancel()
+	select {
+	case <-code:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return within 20s of its context's end")
 	}
 }

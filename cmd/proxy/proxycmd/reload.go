@@ -125,7 +125,7 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 		res.Problems = []string{"no config file: the proxy serves its built-in app (give -config or PROXY_CONFIG to reload one)"}
 		return res
 	}
-	next, problems := loadConfig(rl.path, rl.env, rl.reg)
+	next, problems := loadConfig(rl.path, rl.env, rl.reg, rl.runsWith)
 	if len(problems) > 0 {
 		res.Status = http.StatusBadRequest
 		for _, p := range problems {
@@ -191,6 +191,28 @@ type untakenError struct{ untaken, of int }
 
 func (e *untakenError) Error() string {
 	return fmt.Sprintf("%d of %d replicas have not taken it, and were not replaced: they are given it again at each health check, or when their host reconnects", e.untaken, e.of)
+}
+
+// runsWith reports whether application app's deployment d runs, under
+// the same handler, with d's user_config already: a reload need not have
+// the factory check it again.
+func (rl *reloader) runsWith(app string, d config.Deployment) bool {
+	for i, a := range rl.running.Applications {
+		if a.Name != app {
+			continue
+		}
+		for j, cd := range a.Deployments {
+			if cd.Name != d.Name {
+				continue
+			}
+			if cd.Handler != d.Handler || cd.HostHandler != d.HostHandler {
+				return false
+			}
+			same, err := replica.SameUserConfig(rl.apps[i].Deployments[j].Spec().UserConfig, d.UserConfig)
+			return err == nil && same
+		}
+	}
+	return false
 }
 
 // startPendingError is a scale that set num_replicas but could not start
@@ -339,7 +361,8 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 		uc := nd.UserConfig
 		out = append(out, change{dep: dep, what: name + ": user_config " + string(compactJSON(uc)),
 			apply: func(ctx context.Context, d *proxy.Deployment) error {
-				results, err := d.Reconfigure(ctx, uc)
+				// loadConfig had the factory check it.
+				results, err := d.ReconfigureChecked(ctx, uc)
 				if n := d.Untaken(results, err); n > 0 {
 					return &untakenError{untaken: n, of: len(results)}
 				}
