@@ -179,6 +179,10 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 // client's leaving.
 var errCutAtShutdown = errors.New("cut at the graceful shutdown timeout: the proxy closed its connection")
 
+// errStoppedUnder notes that a request's replica was stopped by the proxy
+// while the request was in flight.
+var errStoppedUnder = errors.New("cut: the proxy stopped the replica, its graceful_shutdown_timeout_s over, with the request in flight")
+
 // maxAttempts bounds the replicas one request is offered to when they
 // refuse it (see replica.Retryable): an unreachable replica leaves routing
 // at once, so the second try almost always lands.
@@ -300,6 +304,15 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 		}
 		if res.err == nil {
 			break
+		}
+		if st, ok := h.(interface{ State() replica.State }); ok && st.State() == replica.StateStopped {
+			if _, ok := errors.AsType[*replica.UnreachableError](res.err); ok {
+				// The proxy stopped the replica under it (a scale-down, a
+				// target or host gone by reload or discovery, the
+				// shutdown), its graceful_shutdown_timeout_s over: no
+				// fault of the replica's, as "unreachable" alone says.
+				res.err = fmt.Errorf("%w (%w)", res.err, errStoppedUnder)
+			}
 		}
 		// A replica that cannot be reached leaves routing, whether or not
 		// the request may go elsewhere (one it reached before dying may

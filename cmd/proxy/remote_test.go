@@ -120,6 +120,7 @@ type applications struct {
 				State   string `json:"state"`
 				Healthy bool   `json:"healthy"`
 				Served  int    `json:"served"`
+				Ongoing int    `json:"ongoing"`
 			} `json:"replicas"`
 		} `json:"deployments"`
 	} `json:"applications"`
@@ -1637,5 +1638,66 @@ func TestReplicaHostsGetTheGCSettings(t *testing.T) {
 	}
 	if r := get(t, c, "http://"+p.AdminAddr+"/-/gc"); r.status != 200 || !strings.Contains(r.body, `"percent": 300`) {
 		t.Errorf("GET /-/gc = %d %s, want percent 300", r.status, r.body)
+	}
+}
+
+// A request cut because the proxy stopped its replica (a scale-down, its
+// graceful_shutdown_timeout_s over) says so in its access-log line, where
+// it read "unreachable: EOF", as for a replica that failed (found by a
+// tester). The replicas are the proxy itself, serving sleep.
+func TestScaleDownCutSaysSo(t *testing.T) {
+	inner := writeConfig(t, `applications:
+  - name: s
+    route_prefix: /
+    deployments:
+      - {name: s, handler: sleep, user_config: {ms: 4000, body: slept}}
+`)
+	path := writeConfig(t, `applications:
+  - name: slow
+    route_prefix: /
+    deployments:
+      - name: slow
+        handler: command
+        command: [`+proxyBin+`]
+        env: ["PROXY_HTTP_ADDR=127.0.0.1:$(PORT)", "PROXY_ADMIN_ADDR=127.0.0.1:0", "PROXY_CONFIG=`+inner+`"]
+        health_check_path: /-/healthz
+        num_replicas: 2
+        max_ongoing_requests: 1
+        graceful_shutdown_timeout_s: 0.5
+`)
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 4)
+	c.Timeout = 30 * time.Second
+	statuses := make(chan int, 2)
+	for range 2 { // one on each replica: each takes one at a time
+		go func() {
+			resp, err := c.Get("http://" + p.HTTPAddr + "/")
+			if err != nil {
+				statuses <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			statuses <- resp.StatusCode
+		}()
+	}
+	waitUntil(t, "both requests in flight", func() bool {
+		n := 0
+		for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
+			n += rep.Ongoing
+		}
+		return n == 2
+	})
+	r := do(t, c, mustRequest(t, http.MethodPut, "http://"+p.AdminAddr+"/-/applications/slow/deployments/slow/num_replicas", `{"num_replicas": 1}`))
+	if r.status != http.StatusOK {
+		t.Fatalf("PUT num_replicas: %d %s", r.status, r.body)
+	}
+	got := []int{<-statuses, <-statuses}
+	slices.Sort(got)
+	if !slices.Equal(got, []int{http.StatusOK, http.StatusBadGateway}) {
+		t.Fatalf("statuses %v, want one 200 (the replica kept) and one 502 (the one stopped under its request)", got)
+	}
+	if !p.waitLogged("cut: the proxy stopped the replica, its graceful_shutdown_timeout_s over", 10*time.Second) {
+		t.Fatal("the cut request's access-log line does not say the proxy stopped its replica")
 	}
 }
