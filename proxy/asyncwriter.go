@@ -9,12 +9,18 @@ import (
 	"time"
 )
 
-// outputWaitLimit bounds how long a waiting write (LogWriter.Waiting)
-// waits for a free buffer. Once one has waited that long the output is
-// taken for stuck, and waiting writes drop their lines at once until it
-// takes a buffer again: a log collector that stopped reading must not
-// stall a replica process for long.
+// outputWaitLimit is how long a write to the output may take before a
+// waiting write (LogWriter.Waiting) takes the output for stuck: then
+// waiting writes drop their lines at once, until that write is done. A
+// log collector that stopped reading must not stall a replica process for
+// long; one that is slow but reading must not cost its lines.
 const outputWaitLimit = time.Second
+
+// maxLogLineBytes bounds one line of a log. A line longer than a buffer
+// (a reload's line with a large user_config, a replica's long line once
+// escaped) goes out in a buffer of its own; one longer than this is
+// dropped and counted.
+const maxLogLineBytes = 1 << 20
 
 // dropReportInterval is how often, at most, lost lines are reported in a
 // log line (see asyncWriter.reportDrops).
@@ -52,9 +58,9 @@ type asyncWriter struct {
 	// has no waiting writes, never takes the lock for it.
 	wrote   chan struct{}
 	waiters atomic.Bool
-	// stalled is set when a waiting write gave up on the output, and
-	// cleared when the output takes a buffer.
-	stalled atomic.Bool
+	// writingSince is when the write to the output in progress began
+	// (Unix nanoseconds), 0 between writes: see stuck.
+	writingSince atomic.Int64
 	// unreported counts the lines lost since the last report.
 	unreported atomic.Int64
 	// report, if set, is told every dropReportInterval at most how many
@@ -99,7 +105,7 @@ func (w *asyncWriter) tryAppend(p []byte, waiting bool) (ok bool, wrote <-chan s
 	if waiting {
 		w.waiters.Store(true) // before looking: see wrote
 	}
-	if w.cur != nil && len(w.cur)+len(p) > cap(w.cur) {
+	if len(w.cur) > 0 && len(w.cur)+len(p) > cap(w.cur) {
 		w.handOffLocked()
 	}
 	if w.cur == nil && !w.closed {
@@ -109,7 +115,7 @@ func (w *asyncWriter) tryAppend(p []byte, waiting bool) (ok bool, wrote <-chan s
 		default:
 		}
 	}
-	if w.cur == nil || len(p) > accessLogBufferSize || waiting && w.queued.Load() >= accessLogBuffers-1 {
+	if w.cur == nil || len(p) > maxLogLineBytes || waiting && w.queued.Load() >= accessLogBuffers-1 {
 		if waiting && w.wrote == nil {
 			w.wrote = make(chan struct{})
 		}
@@ -117,7 +123,14 @@ func (w *asyncWriter) tryAppend(p []byte, waiting bool) (ok bool, wrote <-chan s
 		w.mu.Unlock()
 		return false, wrote, closed
 	}
-	w.cur = append(w.cur, p...)
+	if len(p) > cap(w.cur) {
+		// Longer than a buffer (this one is empty): out in one of its
+		// own size, replaced by one of the usual size once written.
+		w.cur = append(w.cur, p...)
+		w.handOffLocked()
+	} else {
+		w.cur = append(w.cur, p...)
+	}
 	w.mu.Unlock()
 	if w.eager {
 		select {
@@ -132,31 +145,45 @@ func (w *asyncWriter) tryAppend(p []byte, waiting bool) (ok bool, wrote <-chan s
 // it waits for the output to take one (see outputWaitLimit) rather than
 // drop p.
 func (w *asyncWriter) writeWaiting(p []byte) (int, error) {
-	var timeout *time.Timer
+	var timer *time.Timer
 	for {
 		ok, wrote, closed := w.tryAppend(p, true)
 		if ok {
-			break
+			return len(p), nil
 		}
-		if closed || len(p) > accessLogBufferSize || w.stalled.Load() {
+		left := w.stuck()
+		if closed || len(p) > maxLogLineBytes || left <= 0 {
 			w.lost(1)
-			break
+			return len(p), nil
 		}
-		if timeout == nil {
-			timeout = time.NewTimer(outputWaitLimit)
-			defer timeout.Stop()
+		// Until the write in progress has taken outputWaitLimit: each
+		// write done frees a buffer, and a slow output that keeps
+		// writing never costs a line.
+		if timer == nil {
+			timer = time.NewTimer(left)
+			defer timer.Stop()
+		} else {
+			timer.Reset(left)
 		}
 		select {
 		case <-wrote: // a buffer is free again: try again
-			continue
-		case <-timeout.C:
-			w.stalled.Store(true)
+		case <-timer.C: // look at the output again
 		case <-w.stop:
+			w.lost(1)
+			return len(p), nil
 		}
-		w.lost(1)
-		break
 	}
-	return len(p), nil
+}
+
+// stuck returns how long the write to the output in progress has left
+// before it is taken for stuck (see outputWaitLimit): 0 or less once it
+// is, outputWaitLimit between writes.
+func (w *asyncWriter) stuck() time.Duration {
+	since := w.writingSince.Load()
+	if since == 0 {
+		return outputWaitLimit
+	}
+	return outputWaitLimit - time.Duration(time.Now().UnixNano()-since)
 }
 
 // lost counts n lines lost.
@@ -250,16 +277,21 @@ func (w *asyncWriter) loop() {
 var newline = []byte{'\n'}
 
 func (w *asyncWriter) writeOut(b []byte) {
-	// A failing output has nowhere to report to but the count: the lines
-	// it did not take are lost.
-	if n, err := w.out.Write(b); err != nil {
+	w.writingSince.Store(time.Now().UnixNano())
+	n, err := w.out.Write(b)
+	w.writingSince.Store(0)
+	if err != nil {
+		// A failing output has nowhere to report to but the count: the
+		// lines it did not take are lost.
 		if lost := bytes.Count(b[min(n, len(b)):], newline); lost > 0 {
 			w.lost(lost)
 		}
 	}
+	if cap(b) > accessLogBufferSize {
+		b = make([]byte, 0, accessLogBufferSize) // it held one long line
+	}
 	w.free <- b[:0]
 	w.queued.Add(-1)
-	w.stalled.Store(false)
 	if w.waiters.Load() {
 		w.mu.Lock()
 		if w.wrote != nil {

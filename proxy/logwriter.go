@@ -47,12 +47,15 @@ func NewLogger(w io.Writer, level, format string) zerolog.Logger {
 }
 
 // isTerminal reports whether w writes to a terminal, directly or through
-// a LogWriter: the console format's colours are escape codes anywhere
+// a LogWriter (or its Waiting writer): the console format's colours are escape codes anywhere
 // else (a file, a pipe to a log collector). NO_COLOR turns them off on a
 // terminal too (zerolog reads it).
 func isTerminal(w io.Writer) bool {
-	if l, ok := w.(*LogWriter); ok {
+	switch l := w.(type) {
+	case *LogWriter:
 		w = l.out
+	case waitingWriter:
+		w = l.w.out
 	}
 	f, ok := w.(*os.File)
 	if !ok {
@@ -94,9 +97,10 @@ func (l *LogWriter) Write(p []byte) (int, error) { return l.w.Write(p) }
 // being dropped: for a replica process's output, which a burst of would
 // otherwise lose even to a file that keeps up, and where the wait holds
 // up the process's next write to its pipe (as a terminal would), never a
-// request. A write waits outputWaitLimit at most; once one has, the
-// output is taken for stuck and its lines are dropped at once, as Write's
-// are, until it takes a buffer again.
+// request. Lines wait while the output keeps writing, however slowly;
+// once one write to it has taken outputWaitLimit (1 s), it is taken for
+// stuck, and waiting lines are dropped at once, as Write's are, until
+// that write is done.
 func (l *LogWriter) Waiting() io.Writer { return waitingWriter{l.w} }
 
 type waitingWriter struct{ w *asyncWriter }

@@ -31,8 +31,14 @@ type ProcessOptions struct {
 	// set last and win.
 	Env []string
 	// Log receives the process's stdout and stderr, a line per event,
-	// with its replica id. The zero Logger drops them.
+	// and what the proxy has to say of the process (killed after its
+	// grace period, say), with its replica id. The zero Logger drops them.
 	Log zerolog.Logger
+	// Output, if not nil, receives the process's stdout and stderr
+	// instead of Log: a logger that waits for its output rather than
+	// lose a burst (see proxy.LogWriter.Waiting), where the proxy's own
+	// lines of the process must not wait.
+	Output *zerolog.Logger
 }
 
 // outputGrace is how long an exited replica's output is read for before
@@ -132,6 +138,10 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 	}
 	log := o.Log.With().Str("replica", id).Int("pid", cmd.Process.Pid).Logger()
 	p := &Process{id: id, port: port, cmd: cmd, log: log, done: make(chan struct{})}
+	outLog := log
+	if o.Output != nil {
+		outLog = o.Output.With().Str("replica", id).Int("pid", cmd.Process.Pid).Logger()
+	}
 	var output sync.WaitGroup
 	for _, s := range []struct {
 		name string
@@ -141,7 +151,7 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 		go func() {
 			defer output.Done()
 			defer s.r.Close()
-			logLines(&log, s.name, s.r)
+			logLines(&outLog, s.name, s.r)
 		}()
 	}
 	go func() {

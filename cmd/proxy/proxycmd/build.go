@@ -272,11 +272,13 @@ func commandSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env
 		}
 	}
 	uo := upstreamOptions(d, e)
+	output := outputLog.With().Str("deployment", d.Name).Logger()
 	po := replica.ProcessOptions{
 		Command: d.Command,
 		Dir:     d.WorkingDir,
 		Env:     d.Env,
-		Log:     outputLog.With().Str("deployment", d.Name).Logger(),
+		Log:     log.With().Str("deployment", d.Name).Logger(),
+		Output:  &output,
 	}
 	grace := d.GracefulShutdownTimeout()
 	spec.Start = func(ctx context.Context, id string, onRelease func()) (replica.Replica, error) {
