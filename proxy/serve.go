@@ -307,10 +307,11 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 		}
 		if st, ok := h.(interface{ State() replica.State }); ok && st.State() == replica.StateStopped {
 			if _, ok := errors.AsType[*replica.UnreachableError](res.err); ok {
-				// The proxy stopped the replica under it (a scale-down, a
-				// target or host gone by reload or discovery, the
-				// shutdown), its graceful_shutdown_timeout_s over: no
-				// fault of the replica's, as "unreachable" alone says.
+				// The proxy stopped the replica under it (retired by a
+				// scale-down, a failed health check or reconfigure, a
+				// target or host gone, the shutdown), its
+				// graceful_shutdown_timeout_s over: "unreachable" alone
+				// reads as the replica failing the request.
 				res.err = fmt.Errorf("%w (%w)", res.err, errStoppedUnder)
 			}
 		}

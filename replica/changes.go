@@ -23,9 +23,13 @@ var ErrFixedReplicas = errors.New("its replicas are its upstreams or its hosts' 
 // requests keep flowing, and makes it the config of replicas built from
 // now on. It returns each replica's result, in routing order. A replica
 // whose reconfigure failed has been taken out of routing and is being
-// replaced by one built with userConfig. If no replica took it, nothing
-// changed: the old user_config stays and the error wraps ErrRejected (and
-// ErrNotReconfigurable when the handler takes none). A userConfig that is
+// replaced by one built with userConfig (or, where none can be built, is
+// given it again at each health check). If no replica took it, and one
+// that could be reached refused it, nothing changed: the old user_config
+// stays and the error wraps ErrRejected (and ErrNotReconfigurable when the
+// handler takes none). Replicas that could not be reached at all (their
+// host down) refuse nothing: the config stands, and they are given it
+// when they are back. A userConfig that is
 // not a JSON object is ErrNotAnObject, and one the Factory refuses (it
 // builds one handler to check, as the proxy's reload does) is ErrRejected
 // too: no replica sees either. A replica replaced for failing it would
@@ -87,7 +91,9 @@ func (d *Deployment) reconfigure(ctx context.Context, userConfig json.RawMessage
 	results := d.broadcastTo(ctx, Call{Method: MethodReconfigure, Payload: userConfig}, pool, targets)
 	// A replica that had not answered when ctx ended may still apply the
 	// config: its result is unknown, neither a rejection nor a failure.
-	failed, unknown := 0, 0
+	// One that could not be reached (a host down) has not rejected it:
+	// it is given the config when it is back.
+	failed, unknown, unreachable := 0, 0, 0
 	var firstErr error
 	for _, r := range results {
 		switch {
@@ -97,10 +103,14 @@ func (d *Deployment) reconfigure(ctx context.Context, userConfig json.RawMessage
 		default:
 			failed++
 			firstErr = cmp.Or(firstErr, r.Err)
+			if _, ok := errors.AsType[*UnreachableError](r.Err); ok {
+				unreachable++
+			}
 		}
 	}
 	log := d.log()
-	if len(targets) > 0 && failed == len(targets) {
+	if len(targets) > 0 && failed == len(targets) && unreachable < failed {
+		// None took it, and those that answered refused it.
 		d.mu.Lock()
 		d.spec.UserConfig = old
 		d.mu.Unlock()

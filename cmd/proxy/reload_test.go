@@ -401,3 +401,51 @@ func TestReloadUserConfigWithAHostDown(t *testing.T) {
 		}
 	}
 }
+
+// With every host down, a user_config change is refused by none: it
+// stands (207, none of the replicas has it yet), and the hosts, back with
+// their old flags, are given it. It answered 500 "every replica rejected
+// the user_config: ... connection refused", and the hosts came back with
+// the old one (found by a tester).
+func TestReloadUserConfigWithEveryHostDown(t *testing.T) {
+	args := []string{"-handler", "static", "-replicas", "2", "-user-config", `{"body":"old"}`}
+	host := startReplicaHost(t, args...)
+	conf := func(body string) string {
+		return `applications:
+  - name: hi
+    route_prefix: /
+    deployments:
+      - name: hi
+        handler: host
+        hosts: ["` + host.addr + `"]
+        host_handler: static
+        num_replicas: 2
+        health_check_period_s: 60
+        user_config: {body: ` + body + `}
+`
+	}
+	path := writeConfig(t, conf("old"))
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 4)
+	c.Timeout = 40 * time.Second
+	_ = host.cmd.Process.Signal(syscall.SIGKILL)
+	if !p.waitLogged("replica host connection lost", startTimeout) {
+		t.Fatal("the proxy did not see the killed host go")
+	}
+	if err := os.WriteFile(path, []byte(conf("new")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := do(t, c, mustRequest(t, http.MethodPost, "http://"+p.AdminAddr+"/-/reload", ""))
+	if r.status != http.StatusMultiStatus || !strings.Contains(r.body, "2 of 2 replicas have not taken it") {
+		t.Fatalf("reload with every host down = %d %s, want 207, 2 of 2 not taken", r.status, r.body)
+	}
+	startListening(t, replicaBin, append([]string{"-listen", host.addr}, args...)...)
+	waitUntil(t, "the host back serving", func() bool {
+		return get(t, c, "http://"+p.HTTPAddr+"/").status == http.StatusOK
+	})
+	for i := range 20 {
+		if got := get(t, c, "http://"+p.HTTPAddr+"/"); got.body != "new" {
+			t.Fatalf("GET %d with the host back = %d %q, want the new body", i, got.status, got.body)
+		}
+	}
+}

@@ -193,9 +193,9 @@ func (e *untakenError) Error() string {
 	return fmt.Sprintf("%d of %d replicas have not taken it, and were not replaced: they are given it again at each health check, or when their host reconnects", e.untaken, e.of)
 }
 
-// runsWith reports whether application app's deployment d runs, under
-// the same handler, with d's user_config already: a reload need not have
-// the factory check it again.
+// runsWith reports whether application app's deployment d runs in
+// process, under the same handler, with d's user_config already: its
+// factory took it, and a reload need not have it checked again.
 func (rl *reloader) runsWith(app string, d config.Deployment) bool {
 	for i, a := range rl.running.Applications {
 		if a.Name != app {
@@ -205,10 +205,14 @@ func (rl *reloader) runsWith(app string, d config.Deployment) bool {
 			if cd.Name != d.Name {
 				continue
 			}
-			if cd.Handler != d.Handler || cd.HostHandler != d.HostHandler {
+			spec := rl.apps[i].Deployments[j].Spec()
+			if cd.Handler != d.Handler || cd.HostHandler != d.HostHandler || spec.Factory == nil {
+				// No factory of the proxy's has seen what runs (a
+				// replica host's, given through the admin API): the
+				// reload's check is the only one.
 				return false
 			}
-			same, err := replica.SameUserConfig(rl.apps[i].Deployments[j].Spec().UserConfig, d.UserConfig)
+			same, err := replica.SameUserConfig(spec.UserConfig, d.UserConfig)
 			return err == nil && same
 		}
 	}
