@@ -282,7 +282,16 @@ func (d *Deployment) watchExitLocked(r Replica) {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		if !slices.Contains(d.replicas, r) {
-			return // retired first
+			// Retired first. One that exits on its own while it drains
+			// (the proxy has not stopped it) fails what it still had.
+			if r.State() == StateDraining {
+				ev := d.log().Warn().Str("replica", r.ID()).Int("requests_in_flight", r.Ongoing())
+				if c, ok := r.(*commandReplica); ok {
+					ev = ev.Str("exit", exitText(c.exitError()))
+				}
+				ev.Msg("replica process exited while draining (retired, not yet stopped): the requests it still had get 502")
+			}
+			return
 		}
 		how := "exited"
 		ev := d.log().Error().Str("replica", r.ID())

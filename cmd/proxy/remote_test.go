@@ -1641,11 +1641,12 @@ func TestReplicaHostsGetTheGCSettings(t *testing.T) {
 	}
 }
 
-// A request cut because the proxy stopped its replica (a scale-down, its
-// graceful_shutdown_timeout_s over) says so in its access-log line, where
-// it read "unreachable: EOF", as for a replica that failed (found by a
-// tester). The replicas are the proxy itself, serving sleep.
-func TestScaleDownCutSaysSo(t *testing.T) {
+// slowPair starts a proxy whose command deployment runs two replicas
+// (the proxy itself, serving a 4 s sleep, one request at a time) with
+// graceful_shutdown_timeout_s grace, sends one request to each, and
+// returns the statuses' channel once both are in flight.
+func slowPair(t *testing.T, grace string) (*proc, *http.Client, <-chan int) {
+	t.Helper()
 	inner := writeConfig(t, `applications:
   - name: s
     route_prefix: /
@@ -1663,7 +1664,7 @@ func TestScaleDownCutSaysSo(t *testing.T) {
         health_check_path: /-/healthz
         num_replicas: 2
         max_ongoing_requests: 1
-        graceful_shutdown_timeout_s: 0.5
+        graceful_shutdown_timeout_s: `+grace+`
 `)
 	p := startProxy(t, nil, "-config", path)
 	c := newClient(t, 4)
@@ -1692,12 +1693,62 @@ func TestScaleDownCutSaysSo(t *testing.T) {
 	if r.status != http.StatusOK {
 		t.Fatalf("PUT num_replicas: %d %s", r.status, r.body)
 	}
+	return p, c, statuses
+}
+
+// wantOneCut checks that of the two requests, one was answered and one
+// failed with 502.
+func wantOneCut(t *testing.T, statuses <-chan int) {
+	t.Helper()
 	got := []int{<-statuses, <-statuses}
 	slices.Sort(got)
 	if !slices.Equal(got, []int{http.StatusOK, http.StatusBadGateway}) {
-		t.Fatalf("statuses %v, want one 200 (the replica kept) and one 502 (the one stopped under its request)", got)
+		t.Fatalf("statuses %v, want one 200 (the replica kept) and one 502 (the one gone under its request)", got)
 	}
+}
+
+// A request cut because the proxy stopped its replica (a scale-down, its
+// graceful_shutdown_timeout_s over) says so in its access-log line, where
+// it read "unreachable: EOF", as for a replica that failed (found by a
+// tester).
+func TestScaleDownCutSaysSo(t *testing.T) {
+	p, _, statuses := slowPair(t, "0.5")
+	wantOneCut(t, statuses)
 	if !p.waitLogged("cut: the proxy stopped the replica, its graceful_shutdown_timeout_s over", 10*time.Second) {
 		t.Fatal("the cut request's access-log line does not say the proxy stopped its replica")
+	}
+}
+
+// A replica process that dies while it drains (retired by a scale-down,
+// not yet stopped) is logged, with the requests it had: nothing said so
+// but their 502s (found by a tester).
+func TestExitWhileDrainingIsLogged(t *testing.T) {
+	p, c, statuses := slowPair(t, "30")
+	draining := ""
+	for _, rep := range getApplications(t, c, p).Applications[0].Deployments[0].Replicas {
+		if rep.State == "DRAINING" {
+			draining = rep.ID
+		}
+	}
+	victim := 0
+	for _, l := range p.stderrLines() {
+		var e struct {
+			Message, Replica string
+			PID              int
+		}
+		if json.Unmarshal([]byte(l), &e) == nil && e.Message == "replica output" && e.Replica == draining {
+			victim = e.PID
+		}
+	}
+	if victim == 0 {
+		t.Fatal("no pid for the retired replica in the log")
+	}
+	_ = syscall.Kill(victim, syscall.SIGKILL)
+	wantOneCut(t, statuses)
+	if !p.waitLogged("replica process exited while draining", 10*time.Second) {
+		t.Fatal("no log line says the draining replica exited")
+	}
+	if p.logged("cut: the proxy stopped the replica") {
+		t.Error("a replica that died on its own is logged as stopped by the proxy")
 	}
 }
