@@ -374,7 +374,7 @@ func TestReloadUserConfigWithAHostDown(t *testing.T) {
 		!strings.Contains(res.Partial[0], "2 of 4 replicas have not taken it") {
 		t.Fatalf("reload with a host down = %d %s, want 207 with the user_config change partial, 2 of 4", r.status, r.body)
 	}
-	if !p.logged("config reloaded, but not every replica took every change") {
+	if !p.waitLogged("config reloaded, but not every replica took every change", 10*time.Second) {
 		t.Error("no log line says the reload did not reach every replica")
 	}
 	if got := get(t, c, "http://"+p.HTTPAddr+"/"); got.status != http.StatusOK || got.body != "new" {
