@@ -282,14 +282,11 @@ func (d *Deployment) watchExitLocked(r Replica) {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		if !slices.Contains(d.replicas, r) {
-			// Retired first. One that exits on its own while it drains
-			// (the proxy has not stopped it) fails what it still had.
-			if r.State() == StateDraining {
-				ev := d.log().Warn().Str("replica", r.ID()).Int("requests_in_flight", r.Ongoing())
-				if c, ok := r.(*commandReplica); ok {
-					ev = ev.Str("exit", exitText(c.exitError()))
-				}
-				ev.Msg("replica process exited while draining (retired, not yet stopped): the requests it still had get 502")
+			// Retired first, and stopped by the proxy, unless it died
+			// before it was signalled: then what it still had failed.
+			if c, ok := r.(*commandReplica); ok && c.proc.ExitedUnasked() {
+				d.log().Warn().Str("replica", r.ID()).Str("exit", exitText(c.exitError())).
+					Msg("replica process exited on its own after it was retired, before the proxy stopped it: requests it still had got 502")
 			}
 			return
 		}

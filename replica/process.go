@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -61,6 +62,10 @@ type Process struct {
 
 	done    chan struct{} // closed once the process has exited and its output is logged
 	exitErr error         // how it exited; read after done
+	// signalled is set before the proxy first signals the process;
+	// unasked, read after done, says it exited before that.
+	signalled atomic.Bool
+	unasked   bool
 }
 
 // processVar matches $(PORT) and $(REPLICA_ID) in a command's arguments,
@@ -156,6 +161,7 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 	}
 	go func() {
 		p.exitErr = cmd.Wait()
+		p.unasked = !p.signalled.Load()
 		// What the process left running in its group (a shell's server
 		// that was not exec'd) is part of the replica, and goes with it:
 		// it would hold the port and serve no one.
@@ -226,6 +232,11 @@ func (p *Process) URL() string { return "http://127.0.0.1:" + strconv.Itoa(p.por
 // Done is closed when the process has exited.
 func (p *Process) Done() <-chan struct{} { return p.done }
 
+// ExitedUnasked reports whether the process exited before the proxy
+// signalled it to stop (it crashed, or was killed by someone else); call
+// it after Done is closed.
+func (p *Process) ExitedUnasked() bool { return p.unasked }
+
 // ExitError returns how the process exited (nil for status 0); call it
 // after Done is closed.
 func (p *Process) ExitError() error { return p.exitErr }
@@ -260,6 +271,7 @@ func (p *Process) Stop(ctx context.Context, grace time.Duration) error {
 // signal signals the process's group, or the process alone where groups
 // are not used.
 func (p *Process) signal(sig syscall.Signal) {
+	p.signalled.Store(true)
 	if signalGroup(p.cmd.Process.Pid, sig) != nil {
 		_ = p.cmd.Process.Signal(sig)
 	}

@@ -1745,7 +1745,7 @@ func TestExitWhileDrainingIsLogged(t *testing.T) {
 	}
 	_ = syscall.Kill(victim, syscall.SIGKILL)
 	wantOneCut(t, statuses)
-	if !p.waitLogged("replica process exited while draining", 10*time.Second) {
+	if !p.waitLogged("replica process exited on its own after it was retired", 10*time.Second) {
 		t.Fatal("no log line says the draining replica exited")
 	}
 	if p.logged("cut: the proxy stopped the replica") {
