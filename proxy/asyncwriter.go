@@ -9,12 +9,26 @@ import (
 	"time"
 )
 
-// outputWaitLimit is how long a write to the output may take before a
-// waiting write (LogWriter.Waiting) takes the output for stuck: then
-// waiting writes drop their lines at once, until that write is done. A
-// log collector that stopped reading must not stall a replica process for
-// long; one that is slow but reading must not cost its lines.
+// outputWaitLimit is how long one write of up to eagerChunk bytes to the
+// output may take before a waiting write (LogWriter.Waiting) takes the
+// output for stuck: then waiting writes drop their lines at once, until
+// that write is done. A log collector that stopped reading must not stall
+// a replica process for long; one that is slow but reading (faster than
+// 16 KB/s) must not cost its lines.
 const outputWaitLimit = time.Second
+
+// eagerChunk is the most an eager writer (the proxy's own log) writes to
+// its output at once, so that a slow reader is seen to read (see
+// outputWaitLimit). The access log writes whole buffers.
+const eagerChunk = 16 << 10
+
+// monoStart is the origin of monoNow.
+var monoStart = time.Now()
+
+// monoNow is the monotonic clock in nanoseconds, never 0: a step of the
+// wall clock must not make a stuck output look alive, or a live one
+// stuck.
+func monoNow() int64 { return int64(time.Since(monoStart)) + 1 }
 
 // maxLogLineBytes bounds one line of a log. A line longer than a buffer
 // (a reload's line with a large user_config, a replica's long line once
@@ -59,7 +73,7 @@ type asyncWriter struct {
 	wrote   chan struct{}
 	waiters atomic.Bool
 	// writingSince is when the write to the output in progress began
-	// (Unix nanoseconds), 0 between writes: see stuck.
+	// (monoNow), 0 between writes: see stuck.
 	writingSince atomic.Int64
 	// unreported counts the lines lost since the last report.
 	unreported atomic.Int64
@@ -183,7 +197,7 @@ func (w *asyncWriter) stuck() time.Duration {
 	if since == 0 {
 		return outputWaitLimit
 	}
-	return outputWaitLimit - time.Duration(time.Now().UnixNano()-since)
+	return min(outputWaitLimit, outputWaitLimit-time.Duration(monoNow()-since))
 }
 
 // lost counts n lines lost.
@@ -277,8 +291,20 @@ func (w *asyncWriter) loop() {
 var newline = []byte{'\n'}
 
 func (w *asyncWriter) writeOut(b []byte) {
-	w.writingSince.Store(time.Now().UnixNano())
-	n, err := w.out.Write(b)
+	chunk := len(b)
+	if w.eager {
+		chunk = eagerChunk
+	}
+	var (
+		n   int
+		err error
+	)
+	for n < len(b) && err == nil {
+		w.writingSince.Store(monoNow())
+		var m int
+		m, err = w.out.Write(b[n:min(n+chunk, len(b))])
+		n += m
+	}
 	w.writingSince.Store(0)
 	if err != nil {
 		// A failing output has nowhere to report to but the count: the

@@ -268,8 +268,8 @@ func (p *Proxy) putUserConfig(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, replica.ErrNotAnObject):
 		writeJSONError(w, http.StatusBadRequest, err)
 		return
-	case errors.Is(err, replica.ErrStopped):
-		status = http.StatusServiceUnavailable
+	case errors.Is(err, replica.ErrStopped), errors.Is(err, replica.ErrUnreached):
+		status = http.StatusServiceUnavailable // nothing changed; try again later
 		out.Error = err.Error()
 	case err != nil:
 		status = http.StatusUnprocessableEntity // nothing changed

@@ -97,10 +97,10 @@ func (l *LogWriter) Write(p []byte) (int, error) { return l.w.Write(p) }
 // being dropped: for a replica process's output, which a burst of would
 // otherwise lose even to a file that keeps up, and where the wait holds
 // up the process's next write to its pipe (as a terminal would), never a
-// request. Lines wait while the output keeps writing, however slowly;
-// once one write to it has taken outputWaitLimit (1 s), it is taken for
-// stuck, and waiting lines are dropped at once, as Write's are, until
-// that write is done.
+// request. Lines wait while the output keeps reading, at 16 KB/s or
+// more; once one write of 16 KiB to it has taken outputWaitLimit (1 s),
+// it is taken for stuck, and waiting lines are dropped at once, as
+// Write's are, until that write is done.
 func (l *LogWriter) Waiting() io.Writer { return waitingWriter{l.w} }
 
 type waitingWriter struct{ w *asyncWriter }

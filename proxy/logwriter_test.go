@@ -257,10 +257,10 @@ func (s *slowOutput) Write(p []byte) (int, error) {
 // that lost its turn for a second took the output for stuck (found by
 // review: 187 of 750 lines lost to an output taking 400 ms a write).
 func TestWaitingLogWriterKeepsLinesForASlowOutput(t *testing.T) {
-	out := &slowOutput{delay: 300 * time.Millisecond}
+	out := &slowOutput{delay: 100 * time.Millisecond}
 	l := NewLogWriter(out)
 	line := []byte(strings.Repeat("s", 1000) + "\n")
-	const writers, each = 3, 200 // 600 KB: ten writes of 300 ms
+	const writers, each = 3, 200 // 600 KB: forty writes of 100 ms
 	var wg sync.WaitGroup
 	for range writers {
 		wg.Go(func() {
@@ -271,6 +271,7 @@ func TestWaitingLogWriterKeepsLinesForASlowOutput(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	waitWrittenOut(t, l)
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -318,4 +319,50 @@ func TestLogWriterKeepsLongLines(t *testing.T) {
 			t.Fatalf("a free buffer of %d bytes after a long line, want %d", cap(b), accessLogBufferSize)
 		}
 	}
+}
+
+// slowReader is an output that takes bytes at a fixed rate, as a log
+// collector on a slow link.
+type slowReader struct {
+	perSecond int
+	mu        sync.Mutex
+	buf       bytes.Buffer
+}
+
+func (s *slowReader) Write(p []byte) (int, error) {
+	time.Sleep(time.Duration(len(p)) * time.Second / time.Duration(s.perSecond))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+// An output that reads slowly but steadily (40 KB/s) is not taken for
+// stuck: a whole buffer took it 1.6 s to write, and waiting lines were
+// dropped though it kept reading (found by review).
+func TestWaitingLogWriterKeepsLinesForASlowReader(t *testing.T) {
+	out := &slowReader{perSecond: 40_000}
+	l := NewLogWriter(out)
+	w := l.Waiting()
+	line := []byte(strings.Repeat("r", 1000) + "\n")
+	const n = 100 // 100 KB: two and a half seconds at that rate
+	for range n {
+		_, _ = w.Write(line)
+	}
+	waitWrittenOut(t, l)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := bytes.Count(out.buf.Bytes(), newline); got != n || l.Dropped() != 0 {
+		t.Fatalf("%d of %d lines written out, %d dropped", got, n, l.Dropped())
+	}
+}
+
+// waitWrittenOut waits until l has written out every line it holds.
+func waitWrittenOut(t *testing.T, l *LogWriter) {
+	t.Helper()
+	waitFor(t, "the lines written out", func() bool {
+		l.w.mu.Lock()
+		defer l.w.mu.Unlock()
+		return l.w.queued.Load() == 0 && len(l.w.cur) == 0
+	})
 }

@@ -24,12 +24,11 @@ var ErrFixedReplicas = errors.New("its replicas are its upstreams or its hosts' 
 // now on. It returns each replica's result, in routing order. A replica
 // whose reconfigure failed has been taken out of routing and is being
 // replaced by one built with userConfig (or, where none can be built, is
-// given it again at each health check). If no replica took it, and one
-// that could be reached refused it, nothing changed: the old user_config
-// stays and the error wraps ErrRejected (and ErrNotReconfigurable when the
-// handler takes none). Replicas that could not be reached at all (their
-// host down) refuse nothing: the config stands, and they are given it
-// when they are back. A userConfig that is
+// given it again at each health check). If no replica took it, nothing
+// changed: the old user_config stays and the error wraps ErrRejected (and
+// ErrNotReconfigurable when the handler takes none), or ErrUnreached when
+// none could be reached at all (every host down: no replica vouched for
+// a config the proxy may have no factory to check). A userConfig that is
 // not a JSON object is ErrNotAnObject, and one the Factory refuses (it
 // builds one handler to check, as the proxy's reload does) is ErrRejected
 // too: no replica sees either. A replica replaced for failing it would
@@ -91,8 +90,8 @@ func (d *Deployment) reconfigure(ctx context.Context, userConfig json.RawMessage
 	results := d.broadcastTo(ctx, Call{Method: MethodReconfigure, Payload: userConfig}, pool, targets)
 	// A replica that had not answered when ctx ended may still apply the
 	// config: its result is unknown, neither a rejection nor a failure.
-	// One that could not be reached (a host down) has not rejected it:
-	// it is given the config when it is back.
+	// One that could not be reached (a host down) has not rejected it, but
+	// has not vouched for it either: with none reached, nothing changes.
 	failed, unknown, unreachable := 0, 0, 0
 	var firstErr error
 	for _, r := range results {
@@ -109,11 +108,15 @@ func (d *Deployment) reconfigure(ctx context.Context, userConfig json.RawMessage
 		}
 	}
 	log := d.log()
-	if len(targets) > 0 && failed == len(targets) && unreachable < failed {
-		// None took it, and those that answered refused it.
+	if len(targets) > 0 && failed == len(targets) {
+		// None took it: the old one stays.
 		d.mu.Lock()
 		d.spec.UserConfig = old
 		d.mu.Unlock()
+		if unreachable == failed {
+			log.Warn().Err(firstErr).Int("replicas", len(targets)).Msg("user_config reached no replica (all unreachable); nothing changed")
+			return results, fmt.Errorf("%w: %w", ErrUnreached, firstErr)
+		}
 		log.Warn().Err(firstErr).Int("replicas", len(targets)).Msg("user_config rejected by every replica; nothing changed")
 		return results, fmt.Errorf("%w: %w", ErrRejected, firstErr)
 	}

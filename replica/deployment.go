@@ -123,6 +123,11 @@ const unhealthyAfter = 3
 // deployment keeps its old user_config, and nothing was replaced.
 var ErrRejected = errors.New("every replica rejected the user_config")
 
+// ErrUnreached wraps the error of a Reconfigure that reached no replica
+// (every one unreachable, its host down): nothing changed, and it may be
+// tried again once they are back.
+var ErrUnreached = errors.New("no replica could be reached to take the user_config")
+
 // ErrNotAnObject is Reconfigure's error for a user_config that is not a
 // JSON object (Serve's user_config is a dict): no replica was called.
 var ErrNotAnObject = errors.New("user_config must be a JSON object")

@@ -286,7 +286,7 @@ func (d *Deployment) watchExitLocked(r Replica) {
 			// before it was signalled: then what it still had failed.
 			if c, ok := r.(*commandReplica); ok && c.proc.ExitedUnasked() {
 				d.log().Warn().Str("replica", r.ID()).Str("exit", exitText(c.exitError())).
-					Msg("replica process exited on its own after it was retired, before the proxy stopped it: requests it still had got 502")
+					Msg("replica process exited on its own after it was retired, before the proxy stopped it: any requests it still had got 502")
 			}
 			return
 		}
