@@ -460,3 +460,41 @@ func TestReloadUserConfigWithEveryHostDown(t *testing.T) {
 		}
 	}
 }
+
+// A file's user_config for a host deployment is checked with host_handler
+// unless that very one was checked before: one the admin API gave the
+// hosts (which run another handler here) and the file then copies is no
+// exception. A reload answered 200 for a file -check refuses (found by a
+// tester).
+func TestReloadChecksWhatTheAdminAPIGave(t *testing.T) {
+	args := []string{"-handler", "sleep", "-replicas", "2", "-user-config", `{"ms":1,"body":"v7"}`}
+	host := startReplicaHost(t, args...)
+	conf := func(uc string) string {
+		return `applications:
+  - name: h
+    route_prefix: /
+    deployments:
+      - name: h
+        handler: host
+        hosts: ["` + host.addr + `"]
+        host_handler: static
+        num_replicas: 2
+        user_config: ` + uc + `
+`
+	}
+	path := writeConfig(t, conf("{body: v7}"))
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 4)
+	put := do(t, c, mustRequest(t, http.MethodPut, "http://"+p.AdminAddr+"/-/applications/h/deployments/h/user_config", `{"ms":5,"body":"slept"}`))
+	if put.status != http.StatusOK {
+		t.Fatalf("PUT user_config: %d %s", put.status, put.body)
+	}
+	if err := os.WriteFile(path, []byte(conf("{ms: 5, body: slept}")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	status, res := postReload(t, c, p)
+	if status != http.StatusBadRequest || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], ":10: applications[0].deployments[0].user_config") ||
+		!strings.Contains(res.Problems[0], `unknown field "ms"`) {
+		t.Fatalf("reload of a user_config static refuses: %d %+v, want 400 naming line 10's user_config", status, res)
+	}
+}

@@ -51,7 +51,11 @@ type reloader struct {
 	// longer gives is refused, but one it never gave leaves the admin
 	// API's in place.
 	fileConfigs [][]bool
-	log         zerolog.Logger
+	// checked is, by [application][deployment], the file's user_config
+	// that loadConfig last had the handler's factory check (at the start,
+	// or at a reload): the same one again is not checked again.
+	checked [][]json.RawMessage
+	log     zerolog.Logger
 }
 
 func newReloader(path string, e config.Env, reg *replica.Registry, running *config.Config, apps []*proxy.Application, log zerolog.Logger) *reloader {
@@ -59,12 +63,15 @@ func newReloader(path string, e config.Env, reg *replica.Registry, running *conf
 	for _, a := range running.Applications {
 		var ts [][]string
 		var fc []bool
+		var ck []json.RawMessage
 		for _, d := range a.Deployments {
 			ts = append(ts, staticTargets(d))
 			fc = append(fc, d.UserConfig != nil)
+			ck = append(ck, d.UserConfig)
 		}
 		rl.targets = append(rl.targets, ts)
 		rl.fileConfigs = append(rl.fileConfigs, fc)
+		rl.checked = append(rl.checked, ck)
 	}
 	return rl
 }
@@ -125,7 +132,7 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 		res.Problems = []string{"no config file: the proxy serves its built-in app (give -config or PROXY_CONFIG to reload one)"}
 		return res
 	}
-	next, problems := loadConfig(rl.path, rl.env, rl.reg, rl.runsWith)
+	next, problems := loadConfig(rl.path, rl.env, rl.reg, rl.checkedBefore)
 	if len(problems) > 0 {
 		res.Status = http.StatusBadRequest
 		for _, p := range problems {
@@ -133,6 +140,7 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 		}
 		return res
 	}
+	rl.recordChecked(next)
 	changes, restart := rl.plan(next)
 	if len(restart) > 0 {
 		res.Status = http.StatusConflict
@@ -193,30 +201,50 @@ func (e *untakenError) Error() string {
 	return fmt.Sprintf("%d of %d replicas have not taken it, and were not replaced: they are given it again at each health check, or when their host reconnects", e.untaken, e.of)
 }
 
-// runsWith reports whether application app's deployment d runs in
-// process, under the same handler, with d's user_config already: its
-// factory took it, and a reload need not have it checked again.
-func (rl *reloader) runsWith(app string, d config.Deployment) bool {
+// checkedBefore reports whether application app's deployment d, under
+// the handler it runs, has a user_config that the handler's factory was
+// last asked about and took (at the start or at the last reload): a
+// reload checks only what the file changed.
+func (rl *reloader) checkedBefore(app string, d config.Deployment) bool {
+	i, j, ok := rl.index(app, d.Name)
+	if !ok {
+		return false
+	}
+	cd := rl.running.Applications[i].Deployments[j]
+	if cd.Handler != d.Handler || cd.HostHandler != d.HostHandler {
+		return false
+	}
+	same, err := replica.SameUserConfig(rl.checked[i][j], d.UserConfig)
+	return err == nil && same
+}
+
+// recordChecked records next's user_configs, which loadConfig found good,
+// as checked (see checkedBefore).
+func (rl *reloader) recordChecked(next *config.Config) {
+	for _, a := range next.Applications {
+		for _, d := range a.Deployments {
+			i, j, ok := rl.index(a.Name, d.Name)
+			if cd := rl.running.Applications[i].Deployments[j]; ok && cd.Handler == d.Handler && cd.HostHandler == d.HostHandler {
+				rl.checked[i][j] = d.UserConfig
+			}
+		}
+	}
+}
+
+// index returns the indices of application app's deployment dep in the
+// running config.
+func (rl *reloader) index(app, dep string) (i, j int, ok bool) {
 	for i, a := range rl.running.Applications {
 		if a.Name != app {
 			continue
 		}
-		for j, cd := range a.Deployments {
-			if cd.Name != d.Name {
-				continue
+		for j, d := range a.Deployments {
+			if d.Name == dep {
+				return i, j, true
 			}
-			spec := rl.apps[i].Deployments[j].Spec()
-			if cd.Handler != d.Handler || cd.HostHandler != d.HostHandler || spec.Factory == nil {
-				// No factory of the proxy's has seen what runs (a
-				// replica host's, given through the admin API): the
-				// reload's check is the only one.
-				return false
-			}
-			same, err := replica.SameUserConfig(spec.UserConfig, d.UserConfig)
-			return err == nil && same
 		}
 	}
-	return false
+	return 0, 0, false
 }
 
 // startPendingError is a scale that set num_replicas but could not start
