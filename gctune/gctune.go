@@ -243,6 +243,12 @@ func (t *Tuner) Set(u Update) (State, error) {
 	if (percent < 0 || percent > 100) && limit == noLimit {
 		return s, fmt.Errorf("percent %s with no memory limit would let the heap grow without bound; set memory_limit too", config.GCPercent(percent))
 	}
+	if percent < 0 || percent > 100 {
+		// A limit beyond the memory there is bounds nothing either.
+		if total, from, err := t.memory(); err == nil && uint64(limit) > total {
+			return s, fmt.Errorf("percent %s with a memory limit of %s, more than the %s there is (%s), would let the heap grow without bound; set a memory_limit within it (a ratio such as 0.9)", config.GCPercent(percent), humanBytes(limit), humanBytes(int64(total)), from)
+		}
+	}
 	debug.SetGCPercent(percent)
 	debug.SetMemoryLimit(limit)
 	if u.Percent != nil {

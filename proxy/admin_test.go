@@ -99,6 +99,10 @@ func TestGCEndpoints(t *testing.T) {
 		{`{"percent": 2147483648}`, "percent: invalid GC percent"},
 		{`{"memory_limit": "lots"}`, "memory_limit: invalid memory limit"},
 		{`{"percent": "off", "memory_limit": "none"}`, "without bound"},
+		// A limit beyond the machine's memory bounds nothing either
+		// (found by a tester).
+		{`{"percent": "off", "memory_limit": "99999999GiB"}`, "more than the"},
+		{`{"percent": 500, "memory_limit": "99999999GiB"}`, "would let the heap grow without bound"},
 		{`{}`, "nothing to change"},
 		{`{"percent": 300} {"percent": 1}`, "more than one value"},
 		{`{"percent": 300, "percent": "off"}`, `the key \"percent\" is twice in one object`},

@@ -219,7 +219,7 @@ func TestReconfigureRejectedChangesNothing(t *testing.T) {
 	var ans reconfigureAnswer
 	// The static handler knows no field "colour": every replica rejects it.
 	if code := putJSON(t, tp.adminURL+"/-/applications/a/deployments/a-dep/user_config", `{"colour":"red"}`, &ans); code != 422 ||
-		!strings.Contains(ans.Error, "every replica rejected") || !strings.Contains(ans.Error, "colour") {
+		!strings.Contains(ans.Error, "user_config rejected") || !strings.Contains(ans.Error, "colour") {
 		t.Fatalf("PUT a bad user_config = %d %+v", code, ans)
 	}
 	// Echo takes no user_config at all.
@@ -470,6 +470,11 @@ func TestReloadEndpoint(t *testing.T) {
 	}
 	if code, body := post("bearer s3cret"); code != http.StatusConflict { // the scheme is case-insensitive
 		t.Errorf("POST /-/reload with the scheme in lower case = %d %s, want it taken", code, body)
+	}
+	// A body is refused: a reload applies the file, not a config sent
+	// (it was ignored, found by a tester).
+	if code, body := call(t, http.MethodPost, tp.adminURL+"/-/reload", `{"config":"x"}`, "Bearer s3cret"); code != http.StatusBadRequest || !strings.Contains(body, "takes no body") {
+		t.Errorf("POST /-/reload with a body = %d %s, want 400", code, body)
 	}
 	if calls.Load() != 2 {
 		t.Errorf("%d reloads, want 2", calls.Load())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/pprof"
 	"syscall"
@@ -96,6 +97,11 @@ func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 // leaving does not cut it short: a reload half done is worse than one
 // finished for nobody.
 func (p *Proxy) reload(w http.ResponseWriter, r *http.Request) {
+	if n, _ := io.ReadFull(r.Body, make([]byte, 1)); n > 0 {
+		// Not a config to apply: what it changes is the file's.
+		writeJSONError(w, http.StatusBadRequest, errors.New("POST /-/reload takes no body: it reads the config file the proxy was started with (-config or PROXY_CONFIG) again"))
+		return
+	}
 	res := p.opts.Reload(context.WithoutCancel(r.Context()))
 	writeJSON(w, res.Status, res)
 }

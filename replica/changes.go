@@ -118,7 +118,7 @@ func (d *Deployment) reconfigure(ctx context.Context, userConfig json.RawMessage
 			return results, fmt.Errorf("%w: %w", ErrUnreached, firstErr)
 		}
 		log.Warn().Err(firstErr).Int("replicas", len(targets)).Msg("user_config rejected by every replica; nothing changed")
-		return results, fmt.Errorf("%w: %w", ErrRejected, firstErr)
+		return results, fmt.Errorf("%w by every replica: %w", ErrRejected, firstErr)
 	}
 	d.mu.Lock()
 	var replace []Replica

@@ -119,9 +119,10 @@ type Hooks struct {
 // out of routing and replace it, as in Serve.
 const unhealthyAfter = 3
 
-// ErrRejected wraps the error of a Reconfigure that no replica took: the
-// deployment keeps its old user_config, and nothing was replaced.
-var ErrRejected = errors.New("every replica rejected the user_config")
+// ErrRejected wraps the error of a Reconfigure that no replica took (every
+// one refused it, or the handler's factory did first): the deployment
+// keeps its old user_config, and nothing was replaced.
+var ErrRejected = errors.New("user_config rejected")
 
 // ErrUnreached wraps the error of a Reconfigure that reached no replica
 // (every one unreachable, its host down): nothing changed, and it may be

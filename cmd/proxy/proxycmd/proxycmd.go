@@ -86,10 +86,15 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 		return exitOK
 	}
 
-	e, err := config.ReadEnv(env)
-	if err != nil {
-		printLines(stderr, err) // one PROXY_NAME: message line each
-		return exitInvalid
+	e, envErr := config.ReadEnv(env)
+	if envErr != nil {
+		printLines(stderr, envErr) // one PROXY_NAME: message line each
+		if !*check {
+			return exitInvalid
+		}
+		// -check goes on to the file's problems, all listed at once: it
+		// is read without the environment's settings (but its path).
+		e, _ = config.ReadEnv(map[string]string{"PROXY_CONFIG": env["PROXY_CONFIG"]})
 	}
 	unknownEnv := config.UnknownEnv(env)
 	if *check {
@@ -97,11 +102,18 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 			fmt.Fprintln(stderr, "warning:", w)
 		}
 	}
-	// GC settings first, before the proxy allocates anything to speak of.
-	gc, err := gctune.Apply(e, env)
-	if err != nil {
-		printLines(stderr, err)
-		return exitInvalid
+	var gc *gctune.Tuner
+	if envErr == nil {
+		// GC settings first, before the proxy allocates anything to
+		// speak of.
+		var err error
+		if gc, err = gctune.Apply(e, env); err != nil {
+			printLines(stderr, err)
+			if !*check {
+				return exitInvalid
+			}
+			envErr = err
+		}
 	}
 	path := *configPath
 	if path == "" {
@@ -130,6 +142,9 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 			fmt.Fprintf(stderr, "proxy: %d problem(s); nothing started\n", len(problems))
 		}
 		return exitInvalid
+	}
+	if envErr != nil {
+		return exitInvalid // -check: the environment's problems, printed above
 	}
 	if *check {
 		fmt.Fprintf(stdout, "%s: ok, %d application(s)\n", displayName(path), len(cfg.Applications))

@@ -225,3 +225,34 @@ func TestReloadChecksOnlyWhatChanged(t *testing.T) {
 		t.Fatal("Run did not return within 20s of its context's end")
 	}
 }
+
+// -check lists the environment's problems and the file's together: with
+// a bad variable, it stopped there, and the file's came one fix later
+// (found by a tester). The file is found through PROXY_CONFIG too.
+func TestCheckListsEnvAndFileProblems(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "serve.yaml")
+	conf := "applications:\n  - name: a\n    route_prefix: nope\n    deployments:\n      - {name: d, handler: static, max_ongoing_requests: 0}\n"
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+	}{
+		{[]string{"-check", "-config", path}, map[string]string{"PROXY_LOG_LEVEL": "loud", "PROXY_GC_PERCENT": "x"}},
+		{[]string{"-check"}, map[string]string{"PROXY_LOG_LEVEL": "loud", "PROXY_GC_PERCENT": "x", "PROXY_CONFIG": path}},
+	} {
+		var out strings.Builder
+		code := Run(context.Background(), tc.args, tc.env, nil, io.Discard, &out)
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		if code != exitInvalid || len(lines) != 4 || !strings.HasPrefix(lines[0], "PROXY_LOG_LEVEL:") || !strings.HasPrefix(lines[1], "PROXY_GC_PERCENT:") ||
+			!strings.Contains(lines[2], ":3: applications[0].route_prefix") || !strings.Contains(lines[3], ":5: applications[0].deployments[0].max_ongoing_requests") {
+			t.Errorf("%v with %v: exit %d, output:\n%s\nwant 2, the two variables then the file's two problems", tc.args, tc.env, code, out.String())
+		}
+	}
+	// Without -check, a bad variable stops the start before the file.
+	var out strings.Builder
+	if code := Run(context.Background(), []string{"-config", path}, map[string]string{"PROXY_LOG_LEVEL": "loud"}, nil, io.Discard, &out); code != exitInvalid || strings.Contains(out.String(), "route_prefix") {
+		t.Errorf("start with a bad variable: exit %d, output %q", code, out.String())
+	}
+}
