@@ -61,6 +61,7 @@ func TestParseErrors(t *testing.T) {
 		{"unknown http_options field", "http_options:\n  hots: x\n" + minimalYAML, "http_options.hots", 2, "unknown field"},
 		{"unknown application field", "applications:\n  - name: a\n    prefix: /a\n    deployments: [{name: d, handler: h}]\n", "applications[0].prefix", 3, "known fields are name, route_prefix, deployments"},
 		{"unknown deployment field", withDeployment("        replicas: 2\n"), "applications[0].deployments[0].replicas", 6, "unknown field"},
+		{"a typo of a field", withDeployment("        num_replica: 2\n"), "applications[0].deployments[0].num_replica", 6, "unknown field (num_replicas?); known fields are"},
 
 		// Ray Serve's own fields, each with what to do instead.
 		{"serve proxy_location", "proxy_location: EveryNode\n" + minimalYAML, "proxy_location", 1, "a Ray Serve field this proxy does not take: where Ray runs its proxies"},

@@ -273,7 +273,12 @@ func (d *decoder) mapping(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
 				d.fail(fp, e.at, "a Ray Serve field this proxy does not take: %s", hint)
 				continue
 			}
-			d.fail(fp, e.at, "unknown field; known fields are %s", strings.Join(fieldNames(t), ", "))
+			names := fieldNames(t)
+			if near := nearest(e.key, names); near != "" {
+				d.fail(fp, e.at, "unknown field (%s?); known fields are %s", near, strings.Join(names, ", "))
+				continue
+			}
+			d.fail(fp, e.at, "unknown field; known fields are %s", strings.Join(names, ", "))
 			continue
 		}
 		d.positions[fp.String()] = e.at

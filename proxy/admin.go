@@ -78,6 +78,18 @@ func writeJSONError(w http.ResponseWriter, status int, err error) {
 	writeJSON(w, status, map[string]string{"error": err.Error()})
 }
 
+// errAdminBodyTooLarge is decodeJSON's error for a body over maxAdminBody.
+var errAdminBodyTooLarge = fmt.Errorf("body larger than %d bytes", maxAdminBody)
+
+// decodeStatus is the status of a decodeJSON error: 413 for a body too
+// large, else 400.
+func decodeStatus(err error) int {
+	if errors.Is(err, errAdminBodyTooLarge) {
+		return http.StatusRequestEntityTooLarge
+	}
+	return http.StatusBadRequest
+}
+
 // decodeJSON reads a JSON body strictly into v: unknown fields, trailing
 // data and oversized bodies are errors.
 func decodeJSON(r *http.Request, v any) error {
@@ -86,7 +98,7 @@ func decodeJSON(r *http.Request, v any) error {
 		return fmt.Errorf("reading the body: %w", err)
 	}
 	if len(body) > maxAdminBody {
-		return fmt.Errorf("body larger than %d bytes", maxAdminBody)
+		return errAdminBodyTooLarge
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		return errors.New("the body is empty: it must be a JSON object")
@@ -168,7 +180,7 @@ type gcUpdate struct {
 func (p *Proxy) putGC(w http.ResponseWriter, r *http.Request) {
 	var body gcUpdate
 	if err := decodeJSON(r, &body); err != nil {
-		writeJSONError(w, http.StatusBadRequest, err)
+		writeJSONError(w, decodeStatus(err), err)
 		return
 	}
 	u, err := body.update()

@@ -115,6 +115,11 @@ func TestGCEndpoints(t *testing.T) {
 			t.Errorf("PUT %s = %d %s, want 400 with %q", tt.body, code, body, tt.want)
 		}
 	}
+	// A body over the admin API's limit is a 413 (it was a 400, found by
+	// a tester).
+	if code, body := put(t, gcURL, `{"percent": 300, "memory_limit": "`+strings.Repeat(" ", maxAdminBody)+`"}`, "s3cret"); code != http.StatusRequestEntityTooLarge || !strings.Contains(body, "body larger than") {
+		t.Errorf("PUT of a body over %d bytes = %d %s, want 413", maxAdminBody, code, body)
+	}
 	if s := tu.State(); s.Percent != 400 || s.MemoryLimitBytes != 512<<20 {
 		t.Fatalf("rejected PUTs changed the settings: %+v", s)
 	}

@@ -238,7 +238,7 @@ func (p *Proxy) putUserConfig(w http.ResponseWriter, r *http.Request) {
 	}
 	var body json.RawMessage
 	if err := decodeJSON(r, &body); err != nil {
-		writeJSONError(w, http.StatusBadRequest, err)
+		writeJSONError(w, decodeStatus(err), err)
 		return
 	}
 	// Not cancelled when the caller leaves: a reconfigure half done is
@@ -327,7 +327,7 @@ func (p *Proxy) putNumReplicas(w http.ResponseWriter, r *http.Request) {
 	}
 	var body numReplicasBody
 	if err := decodeJSON(r, &body); err != nil {
-		writeJSONError(w, http.StatusBadRequest, err)
+		writeJSONError(w, decodeStatus(err), err)
 		return
 	}
 	if body.NumReplicas == nil {

@@ -224,10 +224,15 @@ func (s *Sleep) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // PlainJSONError rewrites encoding/json's type errors for the people who
 // wrote the JSON, without Go's type names: "ms: want a number, got a
 // string" rather than "cannot unmarshal string into Go struct field
-// sleepConfig.ms of type int". Other errors are returned as they are.
+// sleepConfig.ms of type int", and `unknown field "x"` without the
+// "json: " before it (every caller says what it decoded). Other errors
+// are returned as they are.
 func PlainJSONError(err error) error {
 	var te *json.UnmarshalTypeError
 	if !errors.As(err, &te) || te.Type == nil {
+		if msg, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			return errors.New("unknown field " + msg)
+		}
 		return err
 	}
 	want := te.Type.String()

@@ -75,6 +75,9 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 	check := fs.Bool("check", false, "validate the config and exit: 0 if valid, 2 with every problem listed")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK // -h asked for the usage, printed
+		}
 		return exitInvalid
 	}
 	if fs.NArg() > 0 {

@@ -256,3 +256,15 @@ func TestCheckListsEnvAndFileProblems(t *testing.T) {
 		t.Errorf("start with a bad variable: exit %d, output %q", code, out.String())
 	}
 }
+
+// -h prints the usage and exits 0: asked for, not a bad flag (it exited
+// 2, found by a tester).
+func TestHelpExitsZero(t *testing.T) {
+	var out strings.Builder
+	if code := Run(context.Background(), []string{"-h"}, nil, nil, io.Discard, &out); code != exitOK || !strings.Contains(out.String(), "-config") {
+		t.Fatalf("-h: exit %d, output %q; want 0 and the usage", code, out.String())
+	}
+	if code := Run(context.Background(), []string{"-nope"}, nil, nil, io.Discard, io.Discard); code != exitInvalid {
+		t.Fatalf("-nope: exit %d, want %d", code, exitInvalid)
+	}
+}

@@ -109,6 +109,9 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 	tlsClientCA := fs.String("tls-client-ca", "", "with -tls-cert, accept only proxies whose client certificate one of the PEM certificates in this `file` signed")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK // -h asked for the usage, printed
+		}
 		return exitInvalid
 	}
 	if *showVersion {

@@ -144,7 +144,7 @@ func TestRunServesARegisteredKind(t *testing.T) {
 	r.stop(t)
 
 	var stderr strings.Builder
-	if got := Run(context.Background(), []string{"-help"}, nil, reg, io.Discard, &stderr); got != exitInvalid ||
+	if got := Run(context.Background(), []string{"-help"}, nil, reg, io.Discard, &stderr); got != exitOK ||
 		!strings.Contains(stderr.String(), "(echo, shout, sleep, static)") {
 		t.Errorf("-help: exit %d, %s", got, stderr.String())
 	}
