@@ -11,7 +11,8 @@ import (
 
 // ByteSize is a number of bytes, written as a plain integer ("1048576") or
 // a number with a unit: B; KB, MB, GB (powers of 1000); or KiB, MiB, GiB
-// (powers of 1024). Units are case-insensitive and may follow a space; a
+// (powers of 1024). Units are case-insensitive ("mb" is MB, but "Mb", a
+// megabit's spelling, is refused) and may follow a space; a
 // decimal fraction is allowed if the result is a whole number of bytes
 // ("1.5KiB" is 1536).
 type ByteSize int64
@@ -63,6 +64,11 @@ func parseByteSize(text string) (ByteSize, error) {
 		return 0, fmt.Errorf("invalid byte size %q: want a number and an optional unit, such as 512MiB", text)
 	}
 	mult := int64(1)
+	if len(unit) >= 2 && unit[len(unit)-1] == 'b' && unit[0] >= 'A' && unit[0] <= 'Z' {
+		// "Mb" is a megabit wherever it is written so: refused rather
+		// than read as megabytes (all lower case, "mb", is bytes).
+		return 0, fmt.Errorf("invalid byte size %q: %q reads as bits; write %sB or %siB", text, unit, unit[:1], unit[:1])
+	}
 	if unit != "" {
 		i := -1
 		for j, u := range byteUnits {

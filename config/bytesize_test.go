@@ -64,6 +64,10 @@ func TestByteSizeUnmarshalTextErrors(t *testing.T) {
 		{"1.0001KB", "not a whole number of bytes"},
 		{"9223372036854775808", "larger than"},
 		{"8589934592GiB", "larger than"},
+		// A megabit's spelling (found by a tester: "10Mb" was 10 MB).
+		{"10Mb", `"Mb" reads as bits; write MB or MiB`},
+		{"1Kb", `"Kb" reads as bits`},
+		{"1Gib", `"Gib" reads as bits`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {

@@ -69,7 +69,11 @@ func (m *MemoryLimit) UnmarshalText(text []byte) error {
 		return nil
 	}
 	var b ByteSize
-	if err := b.UnmarshalText([]byte(s)); err != nil || b <= 0 || strings.Trim(s, "0123456789") == "" {
+	err := b.UnmarshalText([]byte(s))
+	if err != nil && strings.Contains(err.Error(), "larger than") {
+		return fmt.Errorf("memory limit %q is too large: at most %d bytes", s, int64(math.MaxInt64))
+	}
+	if err != nil || b <= 0 || strings.Trim(s, "0123456789") == "" {
 		// A bare number is refused: "1" is more likely a ratio than a byte.
 		return fmt.Errorf("invalid memory limit %q (want a size with a unit such as 512MiB, a ratio such as 0.9, or none)", s)
 	}

@@ -50,6 +50,7 @@ func TestGCEnv(t *testing.T) {
 		{"PROXY_GC_MEMORY_LIMIT", "0.0", "ratio"},
 		{"PROXY_GC_MEMORY_LIMIT", "12 parsecs", "invalid memory limit"},
 		{"PROXY_GC_MEMORY_LIMIT", "-1GiB", "invalid memory limit"},
+		{"PROXY_GC_MEMORY_LIMIT", "100000000000GiB", "is too large: at most"},
 		{"PROXY_GC_MEMORY_LIMIT", "1073741824", "with a unit"},
 		{"PROXY_GC_MEMORY_LIMIT", "1MiB", "16MiB floor"},
 	}

@@ -224,7 +224,10 @@ func (rl *reloader) recordChecked(next *config.Config) {
 	for _, a := range next.Applications {
 		for _, d := range a.Deployments {
 			i, j, ok := rl.index(a.Name, d.Name)
-			if cd := rl.running.Applications[i].Deployments[j]; ok && cd.Handler == d.Handler && cd.HostHandler == d.HostHandler {
+			if !ok {
+				continue
+			}
+			if cd := rl.running.Applications[i].Deployments[j]; cd.Handler == d.Handler && cd.HostHandler == d.HostHandler {
 				rl.checked[i][j] = d.UserConfig
 			}
 		}
