@@ -228,6 +228,9 @@ func (s *Sleep) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // "json: " before it (every caller says what it decoded). Other errors
 // are returned as they are.
 func PlainJSONError(err error) error {
+	if err == nil {
+		return nil
+	}
 	var te *json.UnmarshalTypeError
 	if !errors.As(err, &te) || te.Type == nil {
 		if msg, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {

@@ -81,6 +81,13 @@ func (d *Deployment) reconfigure(ctx context.Context, userConfig json.RawMessage
 		}
 	}
 	d.mu.Lock()
+	if len(d.replicas) == 0 && d.spec.Factory == nil {
+		// No replica to take it, and no factory of the proxy's to check
+		// it (replica hosts' actors, none connected): as with every one
+		// unreachable, nothing changes.
+		d.mu.Unlock()
+		return nil, fmt.Errorf("%w: the deployment has no replica connected", ErrUnreached)
+	}
 	old := d.spec.UserConfig
 	d.spec.UserConfig = userConfig
 	targets := slices.Clone(d.replicas)

@@ -141,9 +141,11 @@ func TestReconfigureWithOnlyADrainingReplica(t *testing.T) {
 	if err := d.SetTargets(nil); err != nil {
 		t.Fatal(err)
 	}
+	// None to take it, and no factory to check it: nothing changes (a
+	// review found any config taken then, for hosts to get unchecked).
 	res, err := d.Reconfigure(context.Background(), json.RawMessage(`{"v":2}`))
-	if err != nil || len(res) != 0 {
-		t.Fatalf("Reconfigure with no replica in routing: %v, %v", res, err)
+	if !errors.Is(err, ErrUnreached) || len(res) != 0 || string(d.Spec().UserConfig) == `{"v":2}` {
+		t.Fatalf("Reconfigure with no replica in routing: %v, %v, user_config %s; want ErrUnreached, nothing changed", res, err, d.Spec().UserConfig)
 	}
 	if got, _ := h.seen.Load().(string); got != "" {
 		t.Errorf("the draining replica was reconfigured with %q", got)

@@ -20,6 +20,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/signal"
@@ -95,9 +96,13 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 		if !*check {
 			return exitInvalid
 		}
-		// -check goes on to the file's problems, all listed at once: it
-		// is read without the environment's settings (but its path).
-		e, _ = config.ReadEnv(map[string]string{"PROXY_CONFIG": env["PROXY_CONFIG"]})
+		// -check goes on to the GC's and the file's problems, all listed
+		// at once: they are read with the variables that are good.
+		env = withoutBadVars(env, envErr)
+		var err error
+		if e, err = config.ReadEnv(env); err != nil {
+			e, _ = config.ReadEnv(map[string]string{"PROXY_CONFIG": env["PROXY_CONFIG"]})
+		}
 	}
 	unknownEnv := config.UnknownEnv(env)
 	if *check {
@@ -105,18 +110,14 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 			fmt.Fprintln(stderr, "warning:", w)
 		}
 	}
-	var gc *gctune.Tuner
-	if envErr == nil {
-		// GC settings first, before the proxy allocates anything to
-		// speak of.
-		var err error
-		if gc, err = gctune.Apply(e, env); err != nil {
-			printLines(stderr, err)
-			if !*check {
-				return exitInvalid
-			}
-			envErr = err
+	// GC settings first, before the proxy allocates anything to speak of.
+	gc, err := gctune.Apply(e, env)
+	if err != nil {
+		printLines(stderr, err)
+		if !*check {
+			return exitInvalid
 		}
+		envErr = err
 	}
 	path := *configPath
 	if path == "" {
@@ -195,6 +196,18 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 		return exitFailed
 	}
 	return exitOK
+}
+
+// withoutBadVars returns env without the variables that err, ReadEnv's,
+// names (one "PROXY_NAME: message" line each).
+func withoutBadVars(env map[string]string, err error) map[string]string {
+	good := maps.Clone(env)
+	for _, line := range strings.Split(err.Error(), "\n") {
+		if name, _, ok := strings.Cut(line, ":"); ok && strings.HasPrefix(name, "PROXY_") {
+			delete(good, name)
+		}
+	}
+	return good
 }
 
 // loadConfig reads the file (or takes the built-in app), applies the

@@ -250,6 +250,20 @@ func TestCheckListsEnvAndFileProblems(t *testing.T) {
 			t.Errorf("%v with %v: exit %d, output:\n%s\nwant 2, the two variables then the file's two problems", tc.args, tc.env, code, out.String())
 		}
 	}
+	// The good variables still count (PROXY_ADMIN_ADDR: no clash with the
+	// file's port 8080), and GOGC is checked too (found by review).
+	good := filepath.Join(t.TempDir(), "good.yaml")
+	if err := os.WriteFile(good, []byte("http_options: {port: 8080}\napplications:\n  - name: a\n    route_prefix: /\n    deployments:\n      - {name: d, handler: static}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	{
+		var out strings.Builder
+		code := Run(context.Background(), []string{"-check", "-config", good}, map[string]string{"PROXY_LOG_LEVEL": "loud", "GOGC": "bogus", "PROXY_ADMIN_ADDR": "127.0.0.1:9000"}, nil, io.Discard, &out)
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		if code != exitInvalid || len(lines) != 2 || !strings.HasPrefix(lines[0], "PROXY_LOG_LEVEL:") || !strings.HasPrefix(lines[1], "GOGC=bogus") {
+			t.Errorf("-check with a bad PROXY_LOG_LEVEL and GOGC: exit %d, output:\n%s\nwant 2, those two lines alone", code, out.String())
+		}
+	}
 	// Without -check, a bad variable stops the start before the file.
 	var out strings.Builder
 	if code := Run(context.Background(), []string{"-config", path}, map[string]string{"PROXY_LOG_LEVEL": "loud"}, nil, io.Discard, &out); code != exitInvalid || strings.Contains(out.String(), "route_prefix") {
