@@ -330,13 +330,16 @@ func TestReloadListMadeInPart(t *testing.T) {
 	})
 }
 
-// A reload whose user_config reaches one host's actors and not another's
-// (down) answers 207, listing the change in partial with how many missed
-// it, as PUT .../user_config does: it answered 200 (found by a tester).
-// The host, back, is given it.
-func TestReloadUserConfigWithAHostDown(t *testing.T) {
-	args := []string{"-handler", "static", "-replicas", "2", "-user-config", `{"body":"old"}`}
-	up, down := startReplicaHost(t, args...), startReplicaHost(t, args...)
+// userConfigChangedWithHostsDown starts a proxy in front of hosts (a host
+// deployment of static actors, its file's user_config body "old"), kills
+// the hosts in down and waits until the proxy has seen them go, then
+// changes the file's body to "new" for the test to reload.
+func userConfigChangedWithHostsDown(t *testing.T, hosts []*hiProcess, down ...*hiProcess) (*proc, *http.Client) {
+	t.Helper()
+	addrs := make([]string, len(hosts))
+	for i, h := range hosts {
+		addrs[i] = h.addr
+	}
 	conf := func(body string) string {
 		return `applications:
   - name: hi
@@ -344,7 +347,7 @@ func TestReloadUserConfigWithAHostDown(t *testing.T) {
     deployments:
       - name: hi
         handler: host
-        hosts: ["` + up.addr + `", "` + down.addr + `"]
+        hosts: ["` + strings.Join(addrs, `", "`) + `"]
         host_handler: static
         num_replicas: 2
         health_check_period_s: 60
@@ -355,13 +358,26 @@ func TestReloadUserConfigWithAHostDown(t *testing.T) {
 	p := startProxy(t, nil, "-config", path)
 	c := newClient(t, 4)
 	c.Timeout = 40 * time.Second
-	_ = down.cmd.Process.Signal(syscall.SIGKILL)
+	for _, h := range down {
+		_ = h.cmd.Process.Signal(syscall.SIGKILL)
+	}
 	if !p.waitLogged("replica host connection lost", startTimeout) {
 		t.Fatal("the proxy did not see the killed host go")
 	}
 	if err := os.WriteFile(path, []byte(conf("new")), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return p, c
+}
+
+// A reload whose user_config reaches one host's actors and not another's
+// (down) answers 207, listing the change in partial with how many missed
+// it, as PUT .../user_config does: it answered 200 (found by a tester).
+// The host, back, is given it.
+func TestReloadUserConfigWithAHostDown(t *testing.T) {
+	args := []string{"-handler", "static", "-replicas", "2", "-user-config", `{"body":"old"}`}
+	up, down := startReplicaHost(t, args...), startReplicaHost(t, args...)
+	p, c := userConfigChangedWithHostsDown(t, []*hiProcess{up, down}, down)
 	req, _ := http.NewRequest(http.MethodPost, "http://"+p.AdminAddr+"/-/reload", nil)
 	r := do(t, c, req)
 	var res struct {
@@ -411,31 +427,7 @@ func TestReloadUserConfigWithAHostDown(t *testing.T) {
 func TestReloadUserConfigWithEveryHostDown(t *testing.T) {
 	args := []string{"-handler", "static", "-replicas", "2", "-user-config", `{"body":"old"}`}
 	host := startReplicaHost(t, args...)
-	conf := func(body string) string {
-		return `applications:
-  - name: hi
-    route_prefix: /
-    deployments:
-      - name: hi
-        handler: host
-        hosts: ["` + host.addr + `"]
-        host_handler: static
-        num_replicas: 2
-        health_check_period_s: 60
-        user_config: {body: ` + body + `}
-`
-	}
-	path := writeConfig(t, conf("old"))
-	p := startProxy(t, nil, "-config", path)
-	c := newClient(t, 4)
-	c.Timeout = 40 * time.Second
-	_ = host.cmd.Process.Signal(syscall.SIGKILL)
-	if !p.waitLogged("replica host connection lost", startTimeout) {
-		t.Fatal("the proxy did not see the killed host go")
-	}
-	if err := os.WriteFile(path, []byte(conf("new")), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	p, c := userConfigChangedWithHostsDown(t, []*hiProcess{host}, host)
 	r := do(t, c, mustRequest(t, http.MethodPost, "http://"+p.AdminAddr+"/-/reload", ""))
 	if r.status != http.StatusInternalServerError || !strings.Contains(r.body, "no replica could be reached to take the user_config") {
 		t.Fatalf("reload with every host down = %d %s, want 500, no replica reached", r.status, r.body)

@@ -16,6 +16,62 @@ import (
 	"github.com/serveproxy/serveproxy/replica"
 )
 
+// running is a proxy Run in this process, serving.
+type running struct {
+	httpAddr, adminAddr string
+	code                <-chan int // Run's exit code, once it returns
+	cancel              context.CancelFunc
+}
+
+// runServing calls Run with args, env and reg in the background and
+// returns once its "serving" line is logged; the proxy is stopped at the
+// end of the test.
+func runServing(t *testing.T, args []string, env map[string]string, reg *replica.Registry) *running {
+	t.Helper()
+	pr, pw := io.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	code := make(chan int, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		code <- Run(ctx, args, env, reg, io.Discard, pw)
+		pw.Close()
+	}()
+	r := &running{code: code, cancel: cancel}
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Error("Run did not return within 20s of its context's end")
+		}
+	})
+	type addrs struct{ http, admin string }
+	serving := make(chan addrs, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			var m struct {
+				Message   string `json:"message"`
+				HTTPAddr  string `json:"http_addr"`
+				AdminAddr string `json:"admin_addr"`
+			}
+			if json.Unmarshal(sc.Bytes(), &m) == nil && m.Message == "serving" {
+				serving <- addrs{m.HTTPAddr, m.AdminAddr}
+			}
+		}
+	}()
+	select {
+	case a := <-serving:
+		r.httpAddr, r.adminAddr = a.http, a.admin
+	case c := <-code:
+		t.Fatalf("Run returned %d before serving", c)
+	case <-time.After(20 * time.Second):
+		t.Fatal("no serving line within 20s")
+	}
+	return r
+}
+
 // Run serves a kind its caller registered until its context ends, then
 // shuts down as at SIGTERM: a proxy embedded in a program of its own.
 func TestRunUntilTheContextEnds(t *testing.T) {
@@ -29,36 +85,8 @@ func TestRunUntilTheContextEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := map[string]string{"PROXY_HTTP_ADDR": "127.0.0.1:0", "PROXY_ADMIN_ADDR": "127.0.0.1:0", "PROXY_GC_TUNING": "false"}
-	pr, pw := io.Pipe()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	code := make(chan int, 1)
-	go func() {
-		code <- Run(ctx, []string{"-config", path}, env, reg, io.Discard, pw)
-		pw.Close()
-	}()
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			var m struct {
-				Message  string `json:"message"`
-				HTTPAddr string `json:"http_addr"`
-			}
-			if json.Unmarshal(sc.Bytes(), &m) == nil && m.Message == "serving" {
-				addr <- m.HTTPAddr
-			}
-		}
-	}()
-	var url string
-	select {
-	case a := <-addr:
-		url = "http://" + a
-	case c := <-code:
-		t.Fatalf("Run returned %d before serving", c)
-	case <-time.After(20 * time.Second):
-		t.Fatal("no serving line within 20s")
-	}
+	r := runServing(t, []string{"-config", path}, env, reg)
+	url := "http://" + r.httpAddr
 	resp, err := http.Get(url + "/x")
 	if err != nil {
 		t.Fatal(err)
@@ -68,9 +96,9 @@ func TestRunUntilTheContextEnds(t *testing.T) {
 	if resp.StatusCode != 200 || string(b) != "hello/x" {
 		t.Fatalf("GET /x: %d %q", resp.StatusCode, b)
 	}
-	cancel()
+	r.cancel()
 	select {
-	case c := <-code:
+	case c := <-r.code:
 		if c != exitOK {
 			t.Fatalf("Run after its context ended: %d, want %d", c, exitOK)
 		}
@@ -142,40 +170,10 @@ func TestReloadChecksOnlyWhatChanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := map[string]string{"PROXY_HTTP_ADDR": "127.0.0.1:0", "PROXY_ADMIN_ADDR": "127.0.0.1:0", "PROXY_GC_TUNING": "false"}
-	pr, pw := io.Pipe()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	code := make(chan int, 1)
-	go func() {
-		code <- Run(ctx, []string{"-config", path}, env, reg, io.Discard, pw)
-		pw.Close()
-	}()
-	type addrs struct{ http, admin string }
-	serving := make(chan addrs, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			var m struct {
-				Message   string `json:"message"`
-				HTTPAddr  string `json:"http_addr"`
-				AdminAddr string `json:"admin_addr"`
-			}
-			if json.Unmarshal(sc.Bytes(), &m) == nil && m.Message == "serving" {
-				serving <- addrs{m.HTTPAddr, m.AdminAddr}
-			}
-		}
-	}()
-	var a addrs
-	select {
-	case a = <-serving:
-	case c := <-code:
-		t.Fatalf("Run returned %d before serving", c)
-	case <-time.After(20 * time.Second):
-		t.Fatal("no serving line within 20s")
-	}
+	a := runServing(t, []string{"-config", path}, env, reg)
 	reload := func() string {
 		t.Helper()
-		resp, err := http.Post("http://"+a.admin+"/-/reload", "", nil)
+		resp, err := http.Post("http://"+a.adminAddr+"/-/reload", "", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -188,7 +186,7 @@ func TestReloadChecksOnlyWhatChanged(t *testing.T) {
 	}
 	get := func(path string) string {
 		t.Helper()
-		resp, err := http.Get("http://" + a.http + path)
+		resp, err := http.Get("http://" + a.httpAddr + path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -217,12 +215,6 @@ func TestReloadChecksOnlyWhatChanged(t *testing.T) {
 		if got := get("/a"); got != `{"v":2}` {
 			t.Fatalf("GET /a after the reload = %q, want the new user_config", got)
 		}
-	}
-	cancel()
-	select {
-	case <-code:
-	case <-time.After(20 * time.Second):
-		t.Fatal("Run did not return within 20s of its context's end")
 	}
 }
 
