@@ -43,7 +43,7 @@ const dropReportInterval = time.Second
 // asyncWriter batches writes into a few fixed buffers; a goroutine writes
 // out each full buffer, and on a timer the one being filled (or, if eager,
 // whatever has been written as soon as it can). Write never blocks on the
-// output and allocates nothing.
+// output, and allocates only for a line longer than a buffer.
 type asyncWriter struct {
 	// First, what every Write touches, to share one cache line.
 
