@@ -247,7 +247,7 @@ func (t *Tuner) Set(u Update) (State, error) {
 		// A limit beyond the memory there is bounds nothing either.
 		if total, from, err := t.memory(); err == nil && uint64(limit) > total {
 			have, want := humanBytes(int64(total)), humanBytes(limit)
-			if have == want { // a few bytes over: say which
+			if limit-int64(total) < int64(total)/100 { // a little over: say how much
 				have, want = fmt.Sprintf("%d bytes", total), fmt.Sprintf("%d bytes", limit)
 			}
 			return s, fmt.Errorf("percent %s with a memory limit of %s, more than the %s there is (%s), would let the heap grow without bound; set a memory_limit within it (a ratio such as 0.9)", config.GCPercent(percent), want, have, from)

@@ -171,6 +171,18 @@ func TestSet(t *testing.T) {
 	if got := tu.State(); got != s || currentPercent() != 300 {
 		t.Fatalf("a refused Set changed the state: %+v", got)
 	}
+	// Nor with a limit beyond the memory there is; up to all of it is
+	// taken (found by a tester and a review).
+	over := config.MemoryLimit{Bytes: 4*gib + 1}
+	if _, err := tu.Set(Update{Percent: &off, MemoryLimit: &over}); err == nil || !strings.Contains(err.Error(), "4294967297 bytes, more than the 4294967296 bytes there is") {
+		t.Fatalf("Set GOGC off with a limit a byte over the memory: %v", err)
+	}
+	all, ratio := config.MemoryLimit{Bytes: 4 * gib}, config.MemoryLimit{Ratio: 0.9}
+	for _, m := range []config.MemoryLimit{all, ratio} {
+		if _, err := tu.Set(Update{Percent: &off, MemoryLimit: &m}); err != nil {
+			t.Fatalf("Set GOGC off with %+v of 4GiB: %v", m, err)
+		}
+	}
 }
 
 func TestCollector(t *testing.T) {
