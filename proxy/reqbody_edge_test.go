@@ -92,13 +92,7 @@ func TestReadAfterNetHTTPClosedTheBody(t *testing.T) {
 			}
 			_, _ = io.WriteString(w, "done")
 		})},
-		testDeployment{app: "ctx", prefix: "/ctx", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if err := r.Context().Err(); err != nil {
-				_, _ = io.WriteString(w, "cancelled: "+err.Error())
-				return
-			}
-			_, _ = io.WriteString(w, "live")
-		})})
+		ctxProbe)
 	c := dialProxy(t, tp)
 	br := bufio.NewReader(c)
 	_, _ = io.WriteString(c, "POST /late HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789")

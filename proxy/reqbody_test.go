@@ -192,13 +192,7 @@ func TestReadAfterCloseLeavesNoDeadline(t *testing.T) {
 			_, _ = r.Body.Read(make([]byte, 1))
 			time.Sleep(3 * timeout)
 		})},
-		testDeployment{app: "ctx", prefix: "/ctx", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if err := r.Context().Err(); err != nil {
-				_, _ = io.WriteString(w, "cancelled: "+err.Error())
-				return
-			}
-			_, _ = io.WriteString(w, "live")
-		})})
+		ctxProbe)
 	c := dialProxy(t, tp)
 	defer c.Close()
 	br := bufio.NewReader(c)
@@ -251,3 +245,14 @@ func TestStalledUploadToAnUpstreamIsAlways408(t *testing.T) {
 		}
 	}
 }
+
+// ctxProbe is a deployment at /ctx that answers "live", or "cancelled: "
+// and why if its request's context has ended already: for the next
+// request on a kept connection, which a deadline left behind would cancel.
+var ctxProbe = testDeployment{app: "ctx", prefix: "/ctx", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	if err := r.Context().Err(); err != nil {
+		_, _ = io.WriteString(w, "cancelled: "+err.Error())
+		return
+	}
+	_, _ = io.WriteString(w, "live")
+})}
