@@ -30,13 +30,9 @@ func TestMultipartFilesRemovedOn499(t *testing.T) {
 				parsed <- struct{}{}
 				<-r.Context().Done() // the client left: nothing to answer
 			})})
-		var buf bytes.Buffer
-		mw := multipart.NewWriter(&buf)
-		fw, _ := mw.CreateFormFile("f", "f.bin")
-		_, _ = fw.Write(bytes.Repeat([]byte("x"), 10000))
-		_ = mw.Close()
+		buf, contentType := fileForm()
 		c := dialProxy(t, tp)
-		fmt.Fprintf(c, "POST /mp HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n", mw.FormDataContentType(), buf.Len())
+		fmt.Fprintf(c, "POST /mp HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n", contentType, buf.Len())
 		_, _ = c.Write(buf.Bytes())
 		select {
 		case <-parsed:
@@ -81,12 +77,8 @@ func TestMultipartAbandoned(t *testing.T) {
 				time.Sleep(500 * time.Millisecond) // ignores its context
 				_ = r.MultipartForm.File["f"][0].Filename
 			})})
-		var buf bytes.Buffer
-		mw := multipart.NewWriter(&buf)
-		fw, _ := mw.CreateFormFile("f", "f.bin")
-		_, _ = fw.Write(bytes.Repeat([]byte("x"), 10000))
-		_ = mw.Close()
-		res, err := http.Post(tp.url+"/mp", mw.FormDataContentType(), &buf)
+		buf, contentType := fileForm()
+		res, err := http.Post(tp.url+"/mp", contentType, buf)
 		if err == nil {
 			_, _ = io.ReadAll(res.Body)
 			res.Body.Close()
@@ -101,4 +93,15 @@ func TestMultipartAbandoned(t *testing.T) {
 		}
 		_ = tp.stop()
 	}
+}
+
+// fileForm is a multipart form with one 10,000-byte file, "f", enough for
+// net/http to spool it to a temp file; and its Content-Type.
+func fileForm() (*bytes.Buffer, string) {
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	fw, _ := mw.CreateFormFile("f", "f.bin")
+	_, _ = fw.Write(bytes.Repeat([]byte("x"), 10000))
+	_ = mw.Close()
+	return &buf, mw.FormDataContentType()
 }

@@ -2,9 +2,7 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
 	"io"
-	"mime/multipart"
 	"net"
 	"net/http"
 	"os"
@@ -477,12 +475,8 @@ func TestMultipartTempFilesRemoved(t *testing.T) {
 				}
 				_, _ = io.WriteString(w, "ok")
 			})})
-		var buf bytes.Buffer
-		mw := multipart.NewWriter(&buf)
-		fw, _ := mw.CreateFormFile("f", "f.bin")
-		_, _ = fw.Write(bytes.Repeat([]byte("x"), 10000))
-		_ = mw.Close()
-		res, err := http.Post(tp.url+"/mp", mw.FormDataContentType(), &buf)
+		buf, contentType := fileForm()
+		res, err := http.Post(tp.url+"/mp", contentType, buf)
 		if err != nil {
 			t.Fatal(err)
 		}
