@@ -292,4 +292,14 @@ func TestPlainJSONError(t *testing.T) {
 	if e := errors.New("other"); PlainJSONError(e) != e {
 		t.Fatal("another error was rewritten")
 	}
+	// An unknown field without encoding/json's "json: " (every caller
+	// says what it decoded), and no error is no error.
+	dec := json.NewDecoder(strings.NewReader(`{"m": 1}`))
+	dec.DisallowUnknownFields()
+	if err := PlainJSONError(dec.Decode(&v)); err == nil || err.Error() != `unknown field "m"` {
+		t.Fatalf("an unknown field: %v", err)
+	}
+	if err := PlainJSONError(nil); err != nil {
+		t.Fatalf("PlainJSONError(nil) = %v", err)
+	}
 }
