@@ -62,10 +62,11 @@ type Process struct {
 
 	done    chan struct{} // closed once the process has exited and its output is logged
 	exitErr error         // how it exited; read after done
-	// signalled is set before the proxy first signals the process;
-	// unasked, read after done, says it exited before that.
-	signalled atomic.Bool
-	unasked   bool
+	// sent has bit 1<<sig set for each signal the proxy sent the process,
+	// before it sends it; unasked, read after done, says the process ended
+	// of none of them (see ExitedUnasked).
+	sent    atomic.Uint64
+	unasked bool
 }
 
 // processVar matches $(PORT) and $(REPLICA_ID) in a command's arguments,
@@ -161,7 +162,7 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 	}
 	go func() {
 		p.exitErr = cmd.Wait()
-		p.unasked = !p.signalled.Load()
+		p.unasked = endedUnasked(cmd.ProcessState, p.sent.Load())
 		// What the process left running in its group (a shell's server
 		// that was not exec'd) is part of the replica, and goes with it:
 		// it would hold the port and serve no one.
@@ -232,9 +233,9 @@ func (p *Process) URL() string { return "http://127.0.0.1:" + strconv.Itoa(p.por
 // Done is closed when the process has exited.
 func (p *Process) Done() <-chan struct{} { return p.done }
 
-// ExitedUnasked reports whether the process exited before the proxy
-// signalled it to stop (it crashed, or was killed by someone else); call
-// it after Done is closed.
+// ExitedUnasked reports whether the process ended of its own accord or of
+// a signal the proxy did not send (it crashed, or was killed by someone
+// else), not of the proxy's stop; call it after Done is closed.
 func (p *Process) ExitedUnasked() bool { return p.unasked }
 
 // ExitError returns how the process exited (nil for status 0); call it
@@ -271,8 +272,21 @@ func (p *Process) Stop(ctx context.Context, grace time.Duration) error {
 // signal signals the process's group, or the process alone where groups
 // are not used.
 func (p *Process) signal(sig syscall.Signal) {
-	p.signalled.Store(true)
+	p.sent.Or(1 << uint(sig))
 	if signalGroup(p.cmd.Process.Pid, sig) != nil {
 		_ = p.cmd.Process.Signal(sig)
 	}
+}
+
+// endedUnasked reports whether a process that ended as st did, after the
+// signals of mask sent (bit 1<<sig each), ended of none of them: killed
+// by a signal not sent, or exited with none sent. Whether the proxy's
+// signal or the process's end came first cannot be told from the clock:
+// a process killed by someone else, then sent the proxy's SIGTERM before
+// it was reaped, still died of the SIGKILL.
+func endedUnasked(st *os.ProcessState, mask uint64) bool {
+	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return mask&(1<<uint(ws.Signal())) == 0
+	}
+	return mask == 0
 }

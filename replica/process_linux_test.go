@@ -3,6 +3,7 @@ package replica
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -175,4 +176,38 @@ func FuzzStatPgrp(f *testing.F) {
 			t.Fatalf("statPgrp(%q) = %d with ok false", stat, g)
 		}
 	})
+}
+
+// A process killed by someone else is unasked even when the proxy's
+// SIGTERM reached it before it was reaped (a scale-down racing the kill:
+// the exit went unlogged, a CI run); one that dies of the proxy's signal,
+// or exits after it, is not.
+func TestEndedUnasked(t *testing.T) {
+	run := func(sig syscall.Signal) *os.ProcessState {
+		t.Helper()
+		cmd := exec.Command("sleep", "30")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Process.Signal(sig)
+		_ = cmd.Wait()
+		return cmd.ProcessState
+	}
+	term, kill := uint64(1)<<uint(syscall.SIGTERM), uint64(1)<<uint(syscall.SIGKILL)
+	killed := run(syscall.SIGKILL)
+	for _, tc := range []struct {
+		name string
+		st   *os.ProcessState
+		sent uint64
+		want bool
+	}{
+		{"killed, nothing sent", killed, 0, true},
+		{"killed by another, SIGTERM sent", killed, term, true},
+		{"killed after the proxy's SIGKILL", killed, term | kill, false},
+		{"terminated by the proxy's SIGTERM", run(syscall.SIGTERM), term, false},
+	} {
+		if got := endedUnasked(tc.st, tc.sent); got != tc.want {
+			t.Errorf("%s: endedUnasked = %v, want %v", tc.name, got, tc.want)
+		}
+	}
 }
