@@ -170,10 +170,11 @@ func (p *Proxy) getGC(w http.ResponseWriter, _ *http.Request) {
 }
 
 // gcUpdate is PUT /-/gc's body: {"percent": 300 or "off", "memory_limit":
-// "256MiB" or "0.9" or "none"}.
+// "256MiB" or "0.9" or "none"}. Either may be a JSON number or a string,
+// read as the text of the environment variable's value.
 type gcUpdate struct {
 	Percent     json.RawMessage `json:"percent"`
-	MemoryLimit *string         `json:"memory_limit"`
+	MemoryLimit json.RawMessage `json:"memory_limit"`
 }
 
 // putGC retunes the GC without a restart; bad input changes nothing.
@@ -231,25 +232,34 @@ type gcCallResult struct {
 
 func (b gcUpdate) update() (gctune.Update, error) {
 	var u gctune.Update
-	if len(b.Percent) > 0 && string(b.Percent) != "null" {
-		// A number (400) or a string ("off", "400"): both read as text.
-		text := string(b.Percent)
-		var str string
-		if json.Unmarshal(b.Percent, &str) == nil {
-			text = str
-		}
+	if text, ok := jsonText(b.Percent); ok {
 		u.Percent = new(config.GCPercent)
 		if err := u.Percent.UnmarshalText([]byte(text)); err != nil {
 			return u, fmt.Errorf("percent: %w", err)
 		}
 	}
-	if b.MemoryLimit != nil {
+	if text, ok := jsonText(b.MemoryLimit); ok {
 		u.MemoryLimit = new(config.MemoryLimit)
-		if err := u.MemoryLimit.UnmarshalText([]byte(*b.MemoryLimit)); err != nil {
+		if err := u.MemoryLimit.UnmarshalText([]byte(text)); err != nil {
 			return u, fmt.Errorf("memory_limit: %w", err)
 		}
 	}
 	return u, nil
+}
+
+// jsonText is a field's value as the text its parser reads: a string's
+// contents, or a number (or anything else) as written; false for a field
+// absent or null. A number is not refused for its type: its text gets the
+// parser's own error, which says what the value may be.
+func jsonText(raw json.RawMessage) (string, bool) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", false
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, true
+	}
+	return string(raw), true
 }
 
 // broadcastGC sends the GC settings now in force to every replica (set_gc):

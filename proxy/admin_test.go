@@ -98,6 +98,10 @@ func TestGCEndpoints(t *testing.T) {
 		{`{"percent": 2.5}`, "percent: invalid GC percent"},
 		{`{"percent": 2147483648}`, "percent: invalid GC percent"},
 		{`{"memory_limit": "lots"}`, "memory_limit: invalid memory limit"},
+		// A number is read as its text, as percent's is: a bare byte
+		// count gets the parser's word on units, not a JSON type error.
+		{`{"memory_limit": 268435456}`, `memory_limit: invalid memory limit \"268435456\" (want a size with a unit`},
+		{`{"memory_limit": true}`, `memory_limit: invalid memory limit \"true\"`},
 		{`{"percent": "off", "memory_limit": "none"}`, "without bound"},
 		// A limit beyond the machine's memory bounds nothing either
 		// (found by a tester).
