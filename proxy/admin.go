@@ -107,13 +107,14 @@ func decodeJSON(r *http.Request, v any) error {
 		// encoding/json keeps the last one, silently.
 		return fmt.Errorf("invalid JSON: the key %q is twice in one object", k)
 	}
+	if err := replica.ExactKeys(body, v); err != nil {
+		// Before decoding: see replica.DecodeUserConfig.
+		return fmt.Errorf("invalid JSON: %w", err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("invalid JSON: %w", replica.PlainJSONError(err))
-	}
-	if err := replica.ExactKeys(body, v); err != nil {
-		return fmt.Errorf("invalid JSON: %w", err)
 	}
 	if err := dec.Decode(&struct{}{}); err != io.EOF {
 		return errors.New("invalid JSON: more than one value")

@@ -25,13 +25,15 @@ func DecodeUserConfig(kind string, raw json.RawMessage, v any) error {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil
 	}
+	// Keys first: encoding/json would decode "BODY" into body and report
+	// a wrong type as body's, a key the user never wrote.
+	if err := ExactKeys(raw, v); err != nil {
+		return fmt.Errorf("%s: user_config: %w", kind, err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("%s: user_config: %w", kind, PlainJSONError(err))
-	}
-	if err := ExactKeys(raw, v); err != nil {
-		return fmt.Errorf("%s: user_config: %w", kind, err)
 	}
 	return nil
 }

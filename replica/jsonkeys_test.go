@@ -40,7 +40,9 @@ func TestExactKeys(t *testing.T) {
 // the field: {"body": "a", "Body": "b"} kept the last one, silently (found
 // by a tester).
 func TestUserConfigKeysAreExact(t *testing.T) {
-	for _, uc := range []string{`{"BODY": "upper"}`, `{"body": "a", "Body": "b"}`} {
+	// {"BODY": 1} named body's type, a key the user never wrote (found by
+	// a tester): the key is what is wrong.
+	for _, uc := range []string{`{"BODY": "upper"}`, `{"body": "a", "Body": "b"}`, `{"BODY": 1}`} {
 		if _, err := NewStatic(json.RawMessage(uc)); err == nil || !strings.Contains(err.Error(), "static: user_config: unknown field") {
 			t.Errorf("static with %s: %v, want an unknown field", uc, err)
 		}
