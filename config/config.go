@@ -24,6 +24,9 @@ type Config struct {
 	// lines maps field paths (as FieldError.Field spells them) to their
 	// line in the file Parse read; nil for configs built in Go.
 	lines map[string]int
+	// overridden lists the file's http_options the environment overrode
+	// (see Env.overrides), for Warnings.
+	overridden []FieldError
 }
 
 // Line returns the line of the file on which field (a path such as

@@ -238,6 +238,7 @@ func (e Env) Apply(c *Config) error {
 		return errors.Join(errs...)
 	}
 
+	e.overrides(c, host, port, setRequest, setKeepAlive)
 	if e.HTTPAddr != "" {
 		c.HTTPOptions.Host, c.HTTPOptions.Port = host, port
 	}

@@ -985,3 +985,45 @@ func TestCheckListenAddresses(t *testing.T) {
 		}
 	}
 }
+
+// What the file or the environment sets that is not in force is warned
+// of by -check and at the start, each naming the field and its line (a
+// tester found each passing without a word): a $(NAME) that is not
+// replaced, a $PORT given to a program that is no shell, the file's port
+// overridden by PROXY_HTTP_ADDR, PROXY_GC_PERCENT with tuning off.
+func TestSettingsNotInForceWarned(t *testing.T) {
+	path := writeConfig(t, `http_options: {port: 19999}
+applications:
+  - name: a
+    route_prefix: /
+    deployments:
+      - name: a
+        handler: command
+        command: [`+hiBin+`, -listen, "127.0.0.1:$(PORT)", "$(NOPE)", "$$(ESCAPED)", "$PORT"]
+        env: ["X=$(PROT)"]
+        health_check_path: /
+`)
+	vars := map[string]string{"PROXY_GC_TUNING": "false", "PROXY_GC_PERCENT": "50"}
+	res := runProxy(t, vars, "-check", "-config", path)
+	wants := []string{
+		path + ":1: http_options: host and port (127.0.0.1:19999) are overridden by PROXY_HTTP_ADDR=",
+		path + ":8: applications[0].deployments[0].command[3]: $(NOPE) is passed as it is: only $(PORT) and $(REPLICA_ID) are replaced",
+		path + ":8: applications[0].deployments[0].command[5]: $PORT is passed as it is (no shell runs)",
+		path + ":9: applications[0].deployments[0].env[0]: $(PROT) is passed as it is",
+		"PROXY_GC_PERCENT=50: not in force: PROXY_GC_TUNING=false leaves Go's defaults",
+	}
+	for _, want := range wants {
+		if res.code != 0 || !strings.Contains(res.stderr, "warning: "+want) {
+			t.Errorf("-check: exit %d; stderr lacks %q:\n%s", res.code, want, res.stderr)
+		}
+	}
+	if strings.Contains(res.stderr, "ESCAPED") {
+		t.Errorf("an escaped $$(ESCAPED) was warned of:\n%s", res.stderr)
+	}
+	p := startProxy(t, vars, "-config", path)
+	for _, want := range wants[1:] {
+		if !p.waitLogged(want, 20*time.Second) {
+			t.Errorf("not logged at the start: %q", want)
+		}
+	}
+}

@@ -262,15 +262,6 @@ func upstreamTargets(upstreams []string) []string {
 
 // commandSpec makes spec start d's command for each replica.
 func commandSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, log, outputLog zerolog.Logger) {
-	if prog := filepath.Base(d.Command[0]); !slices.Contains([]string{"sh", "bash", "dash", "zsh", "ksh"}, prog) {
-		for _, a := range d.Command[1:] {
-			if strings.Contains(a, "$PORT") || strings.Contains(a, "${PORT}") {
-				log.Warn().Str("deployment", d.Name).Str("argument", a).
-					Msg("command: $PORT in an argument is passed as it is (no shell runs); write $(PORT) for the replica's port")
-				break
-			}
-		}
-	}
 	uo := upstreamOptions(d, e)
 	output := outputLog.With().Str("deployment", d.Name).Logger()
 	po := replica.ProcessOptions{

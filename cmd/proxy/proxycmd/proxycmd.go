@@ -104,7 +104,7 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 			e, _ = config.ReadEnv(map[string]string{"PROXY_CONFIG": env["PROXY_CONFIG"]})
 		}
 	}
-	unknownEnv := config.UnknownEnv(env)
+	unknownEnv := append(config.UnknownEnv(env), config.IgnoredEnv(env)...)
 	if *check {
 		for _, w := range unknownEnv {
 			fmt.Fprintln(stderr, "warning:", w)
@@ -150,7 +150,14 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 	if envErr != nil {
 		return exitInvalid // -check: the environment's problems, printed above
 	}
+	warnings := cfg.Warnings()
+	for i := range warnings {
+		warnings[i].File = displayName(path)
+	}
 	if *check {
+		for _, w := range warnings {
+			fmt.Fprintln(stderr, "warning:", w.Error())
+		}
 		fmt.Fprintf(stdout, "%s: ok, %d application(s)\n", displayName(path), len(cfg.Applications))
 		return exitOK
 	}
@@ -178,6 +185,9 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 		Msg("starting")
 	for _, w := range unknownEnv {
 		log.Warn().Msg(w)
+	}
+	for _, w := range warnings {
+		log.Warn().Msg(w.Error())
 	}
 	st := gc.State()
 	log.Info().Bool("tuning", st.Tuning).Int("percent", st.Percent).Str("percent_source", st.PercentSource).

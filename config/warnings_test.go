@@ -1,0 +1,91 @@
+package config
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestWarnings(t *testing.T) {
+	const file = `http_options: {host: 127.0.0.1, port: 8000, request_timeout_s: 30, keep_alive_timeout_s: 90}
+applications:
+  - name: a
+    route_prefix: /
+    deployments:
+      - name: sh
+        handler: command
+        command: [sh, -c, "exec ./server --port $PORT --name $(hostname)"]
+      - name: direct
+        handler: command
+        command: [./server, "$${PORT}", "$(REPLICA_ID)", "$$(LITERAL)", "$(A)$(B)"]
+        env: ["HOME_DIR=$(HOME)", "ID=$(REPLICA_ID)"]
+`
+	for _, tt := range []struct {
+		name    string
+		environ map[string]string
+		want    []string
+	}{
+		{"file alone", nil, []string{
+			`line 11: applications[0].deployments[1].command[1]: $PORT is passed as it is`,
+			`line 11: applications[0].deployments[1].command[4]: $(A) is passed`,
+			`line 11: applications[0].deployments[1].command[4]: $(B) is passed`,
+			`line 12: applications[0].deployments[1].env[0]: $(HOME) is passed`,
+		}},
+		{"the same values in the environment", map[string]string{
+			"PROXY_HTTP_ADDR": "127.0.0.1:8000", "PROXY_REQUEST_TIMEOUT": "30s", "PROXY_KEEP_ALIVE_TIMEOUT": "90s",
+		}, nil},
+		{"others", map[string]string{
+			"PROXY_HTTP_ADDR": "0.0.0.0:8000", "PROXY_REQUEST_TIMEOUT": "0s", "PROXY_KEEP_ALIVE_TIMEOUT": "5s",
+		}, []string{
+			`line 1: http_options: host and port (127.0.0.1:8000) are overridden by PROXY_HTTP_ADDR=0.0.0.0:8000`,
+			`line 1: http_options.request_timeout_s: 30 is overridden by PROXY_REQUEST_TIMEOUT=0s`,
+			`line 1: http_options.keep_alive_timeout_s: 90 is overridden by PROXY_KEEP_ALIVE_TIMEOUT=5s`,
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse("", []byte(file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			e, err := ReadEnv(tt.environ)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Apply(c); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, w := range c.Warnings() {
+				if tt.environ == nil || strings.Contains(w.Field, "http_options") {
+					got = append(got, w.Error())
+				}
+			}
+			if len(got) != len(tt.want) {
+				t.Fatalf("Warnings:\n%s\nwant %d", strings.Join(got, "\n"), len(tt.want))
+			}
+			for i, w := range tt.want {
+				if !strings.HasPrefix(got[i], w) {
+					t.Errorf("warning %d = %q, want %q...", i, got[i], w)
+				}
+			}
+		})
+	}
+}
+
+func TestIgnoredEnv(t *testing.T) {
+	for _, tt := range []struct {
+		environ map[string]string
+		want    []string
+	}{
+		{map[string]string{"PROXY_GC_PERCENT": "50"}, nil},
+		{map[string]string{"PROXY_GC_TUNING": "false", "PROXY_GC_MEMORY_LIMIT": "1GiB"},
+			[]string{"PROXY_GC_MEMORY_LIMIT=1GiB: not in force: PROXY_GC_TUNING=false leaves Go's defaults"}},
+		{map[string]string{"PROXY_GC_PERCENT": "50", "GOGC": "200", "PROXY_GC_MEMORY_LIMIT": "1GiB"},
+			[]string{"PROXY_GC_PERCENT=50: not in force: GOGC=200 wins over it"}},
+		{map[string]string{"GOGC": "200", "GOMEMLIMIT": "1GiB"}, nil},
+	} {
+		if got := IgnoredEnv(tt.environ); !slices.Equal(got, tt.want) {
+			t.Errorf("IgnoredEnv(%v) = %q, want %q", tt.environ, got, tt.want)
+		}
+	}
+}
