@@ -85,6 +85,10 @@ func errorMessage(status int, err error) string {
 		if _, ok := errors.AsType[*replica.InvalidResponseError](err); ok {
 			return "Bad Gateway: the replica's answer was not valid HTTP"
 		}
+		if ue, ok := errors.AsType[*replica.UnreachableError](err); ok && ue.Sent && !ue.Down {
+			// Reached, then lost: killed or restarted under the request.
+			return "Bad Gateway: the connection to the replica broke before it answered"
+		}
 		return "Bad Gateway: the replica could not be reached"
 	case http.StatusRequestHeaderFieldsTooLarge:
 		return "Request Header Fields Too Large: more than the replica host protocol carries (64 KiB a header value or the path)"

@@ -825,7 +825,7 @@ func (s *linkStream) waitHead(ctx context.Context, timeout <-chan time.Time) (ty
 	}
 }
 
-var errHeadTimeout = errors.New("the host did not begin its answer within ResponseHeaderTimeout")
+var errHeadTimeout = errors.New("the host did not begin its answer within replica_timeout_s")
 
 // control sends one control call for the actors idxs and waits for its
 // answers. sent reports, on error, whether the call may have reached the

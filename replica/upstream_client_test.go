@@ -221,9 +221,23 @@ func TestUpstreamClientErrors(t *testing.T) {
 				_ = c.Close()
 			})
 		}, check: func(t *testing.T, err error) {
-			var ue *UnreachableError
-			if !errors.As(err, &ue) || !ue.Sent {
-				t.Fatalf("err = %#v, want a sent *UnreachableError", err)
+			// It answered, and broke off: not valid HTTP, not unreachable
+			// (it read "could not be reached", found by a tester).
+			var ie *InvalidResponseError
+			if !errors.As(err, &ie) || !strings.Contains(err.Error(), "closed in the middle of the response header") {
+				t.Fatalf("err = %#v, want an *InvalidResponseError", err)
+			}
+		}},
+		{name: "closes mid-status-line", base: func(t *testing.T) string {
+			return rawServer(t, func(c net.Conn) {
+				_ = readRequestHead(c)
+				_, _ = io.WriteString(c, "HTTP/1.1 2")
+				_ = c.Close()
+			})
+		}, check: func(t *testing.T, err error) {
+			var ie *InvalidResponseError
+			if !errors.As(err, &ie) || !strings.Contains(err.Error(), "closed in the middle of the status line") {
+				t.Fatalf("err = %#v, want an *InvalidResponseError", err)
 			}
 		}},
 		{name: "POST to a reused connection closed under it", method: http.MethodPost, base: func(t *testing.T) string {

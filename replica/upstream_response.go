@@ -37,7 +37,8 @@ func (cc *clientConn) readHead(req *http.Request, b *responseBody) (answered boo
 		}
 		if err != nil {
 			if answered && err == io.EOF {
-				err = io.ErrUnexpectedEOF
+				// Not unreachable: it answered, and broke off its answer.
+				err = &errMalformed{"the connection closed in the middle of the status line"}
 			}
 			return answered, err
 		}
@@ -203,7 +204,7 @@ func (cc *clientConn) readHeader(res *http.Response) error {
 		line, err := cc.readLine(maxResponseHeaderBytes)
 		if err != nil {
 			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
+				err = &errMalformed{"the connection closed in the middle of the response header"}
 			}
 			return err
 		}
