@@ -87,6 +87,8 @@ func TestUpstreamClientFraming(t *testing.T) {
 	}{
 		{name: "content-length", answer: "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
 			wantBody: "hello", wantCL: 5, wantConns: 1},
+		{name: "content-length twice, one value", answer: "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+			wantBody: "hello", wantCL: 5, wantConns: 1},
 		{name: "empty content-length", answer: "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
 			wantCL: 0, wantConns: 1},
 		{name: "chunked", answer: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
@@ -130,6 +132,9 @@ func TestUpstreamClientFraming(t *testing.T) {
 				}
 				if _, ok := res.Header["Transfer-Encoding"]; ok {
 					t.Error("Transfer-Encoding left in the header")
+				}
+				if cl := res.Header["Content-Length"]; len(cl) > 1 {
+					t.Errorf("Content-Length %q goes on as %d fields", cl, len(cl))
 				}
 				if tc.name == "obs-fold" && res.Header.Get("X-Long") != "a b" {
 					t.Errorf("X-Long = %q", res.Header.Get("X-Long"))

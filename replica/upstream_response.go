@@ -116,6 +116,10 @@ func frame(req *http.Request, b *responseBody) error {
 			return &errMalformed{fmt.Sprintf("Content-Length %q", vv[0])}
 		}
 		cl = n
+		// Repeats of one value go on as one field, as RFC 9110 (8.6) has
+		// a recipient that accepts them do: forwarded as they came, they
+		// were two to the client (found by a tester).
+		h["Content-Length"] = vv[:1:1]
 	}
 	if !bodyAllowed(req.Method, res.StatusCode) {
 		b.remaining = 0
