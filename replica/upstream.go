@@ -291,8 +291,13 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 		// reused one broke before a byte was written; it succeeds only
 		// while nothing of the body has been read.
 		out.GetBody = o.body.rewind
-		if r.ContentLength < 0 {
-			out.Trailer = r.Trailer // filled in as the client's body ends
+		if r.ContentLength < 0 && r.Trailer != nil {
+			// The fields announced (their values nil until the client's
+			// body ends), and, as it ends, their values and any that
+			// came unannounced (see bodyGuard.Read): those that pass.
+			out.Trailer = make(http.Header, len(r.Trailer))
+			passTrailers(out.Trailer, r.Trailer)
+			o.body.trailerIn, o.body.trailerOut = r.Trailer, out.Trailer
 		}
 		// Without it, net/http's server drops the rest of the client's
 		// body when the response begins.
@@ -361,9 +366,13 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 	if announced > 0 {
 		keys := make([]string, 0, announced)
 		for k := range res.Trailer {
-			keys = append(keys, k)
+			if trailerPasses(k) {
+				keys = append(keys, k)
+			}
 		}
-		hdr["Trailer"] = append(hdr["Trailer"], strings.Join(keys, ", "))
+		if len(keys) > 0 {
+			hdr["Trailer"] = append(hdr["Trailer"], strings.Join(keys, ", "))
+		}
 	}
 	w.WriteHeader(res.StatusCode)
 	switch {
@@ -389,7 +398,9 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 			prefix = http.TrailerPrefix // some were not announced
 		}
 		for k, vv := range res.Trailer {
-			hdr[prefix+k] = vv
+			if trailerPasses(k) {
+				hdr[prefix+k] = vv
+			}
 		}
 	}
 	return nil
@@ -548,6 +559,11 @@ type bodyGuard struct {
 	detached bool   // Serve is done: reads fail
 	kept     []byte // the bytes read so far, while they fit in limit
 	overflow bool   // more was read than kept
+
+	// trailerIn, filled in by net/http as the client's body ends, has
+	// what passes copied to trailerOut, the request's to the replica, at
+	// that end; nil for a body with no trailers.
+	trailerIn, trailerOut http.Header
 }
 
 var (
@@ -583,6 +599,9 @@ func (b *bodyGuard) Read(p []byte) (int, error) {
 		}
 	}
 	b.mu.Unlock()
+	if err == io.EOF && b.trailerOut != nil {
+		passTrailers(b.trailerOut, b.trailerIn)
+	}
 	if err != nil && err != io.EOF {
 		err = &clientBodyError{err}
 	}

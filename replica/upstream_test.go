@@ -486,6 +486,7 @@ func TestUpstreamTrailers(t *testing.T) {
 		_, _ = fmt.Fprintf(w, "got %s", body)
 		w.Header().Set("X-Sum", "42")
 		w.Header().Set(http.TrailerPrefix+"X-Late", "late")
+		w.Header().Set(http.TrailerPrefix+"Content-Length", "99") // frames nothing here
 	})
 	u := newUpstream(t, backend.URL, UpstreamOptions{})
 	front, client, _ := frontend(t, u)
@@ -503,6 +504,9 @@ func TestUpstreamTrailers(t *testing.T) {
 	}
 	if got := res.Trailer.Get("X-Late"); got != "late" {
 		t.Errorf("unannounced trailer X-Late = %q, want late", got)
+	}
+	if _, ok := res.Trailer["Content-Length"]; ok {
+		t.Errorf("a Content-Length trailer reached the client: %v", res.Trailer)
 	}
 }
 
@@ -524,25 +528,33 @@ func (b *trailerBody) Close() error { return nil }
 
 func TestUpstreamRequestTrailers(t *testing.T) {
 	leakCheck(t)
-	got := make(chan string, 1)
+	got := make(chan http.Header, 1)
 	backend := newBackend(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
-		got <- r.Trailer.Get("X-Client-Sum")
+		got <- r.Trailer
 	})
 	u := newUpstream(t, backend.URL, UpstreamOptions{})
 	front, client, _ := frontend(t, u)
 	req, _ := http.NewRequest(http.MethodPost, front.URL, nil)
 	req.ContentLength = -1
-	req.Trailer = http.Header{"X-Client-Sum": nil}
-	req.Body = &trailerBody{r: strings.NewReader("abc"), set: func() { req.Trailer.Set("X-Client-Sum", "7") }}
+	// A trailer must not get around the header's rules (found by a
+	// tester: X-Forwarded-For from an untrusted client reached the
+	// replica as a trailer).
+	req.Trailer = http.Header{"X-Client-Sum": nil, "X-Forwarded-For": nil, "X-Request-Id": nil, "Authorization": nil}
+	req.Body = &trailerBody{r: strings.NewReader("abc"), set: func() {
+		req.Trailer.Set("X-Client-Sum", "7")
+		req.Trailer.Set("X-Forwarded-For", "1.1.1.1")
+		req.Trailer.Set("X-Request-Id", "forged")
+		req.Trailer.Set("Authorization", "Bearer late")
+	}}
 	res, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, _ = io.Copy(io.Discard, res.Body)
 	res.Body.Close()
-	if v := <-got; v != "7" {
-		t.Fatalf("the replica saw request trailer %q, want 7", v)
+	if tr := <-got; len(tr) != 1 || tr.Get("X-Client-Sum") != "7" {
+		t.Fatalf("the replica saw request trailers %v, want X-Client-Sum: 7 alone", tr)
 	}
 }
 
