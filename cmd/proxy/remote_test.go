@@ -1387,10 +1387,10 @@ func TestHostsGetTheUserConfigAtStart(t *testing.T) {
 }
 
 // A host that runs another number of actors than the file's num_replicas
-// says (started with flags) is served as it is, with a warning naming both
-// (found by a tester).
+// says (started with flags), or with another max_ongoing_requests, is
+// served as it is, with a warning naming both (found by testers).
 func TestHostActorCountDiffersFromTheFile(t *testing.T) {
-	h := startReplicaHost(t, "-handler", "static", "-replicas", "3", "-user-config", `{"body":"hi"}`)
+	h := startReplicaHost(t, "-handler", "static", "-replicas", "3", "-max-ongoing", "7", "-user-config", `{"body":"hi"}`)
 	p := startProxy(t, nil, "-config", writeConfig(t, `applications:
   - name: h
     route_prefix: /
@@ -1403,6 +1403,10 @@ func TestHostActorCountDiffersFromTheFile(t *testing.T) {
 `))
 	if !p.waitLogged(`"actors":3,"num_replicas":2`, 10*time.Second) {
 		t.Fatalf("no warning of 3 actors against num_replicas 2:\n%s", strings.Join(p.stderrLines(), "\n"))
+	}
+	// And its limit, 7 against the default 5 (found by a tester).
+	if !p.waitLogged(`"actor_max_ongoing_requests":7,"max_ongoing_requests":5`, 10*time.Second) {
+		t.Fatalf("no warning of max_ongoing_requests 7 against 5:\n%s", strings.Join(p.stderrLines(), "\n"))
 	}
 	if r := get(t, newClient(t, 1), "http://"+p.HTTPAddr+"/"); r.status != 200 {
 		t.Fatalf("GET: %d %q", r.status, r.body)

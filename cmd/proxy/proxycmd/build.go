@@ -351,6 +351,17 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 			log.Warn().Str("deployment", d.Name).Str("host", addr).Int("actors", n).Int("num_replicas", d.NumReplicas).
 				Msg("replica host runs another number of actors than the file's num_replicas (per host): serving the ones it has")
 		}
+		if d.HostHandler != "" {
+			for _, r := range hc.Replicas() {
+				if n := r.MaxOngoing(); n != d.MaxOngoingRequests {
+					// As for the count: the host's own limit is the one
+					// it enforces, and routing follows it.
+					log.Warn().Str("deployment", d.Name).Str("host", addr).Int("actor_max_ongoing_requests", n).Int("max_ongoing_requests", d.MaxOngoingRequests).
+						Msg("replica host's actors have another max_ongoing_requests than the file's: routing follows the host's")
+					break
+				}
+			}
+		}
 		if dep.Load() == nil { // connected for NewDeployment
 			mu.Lock()
 			conns = append(conns, hc)
