@@ -194,10 +194,12 @@ func (s *State) setLimit(limit int64) {
 	s.MemoryLimitBytes, s.MemoryLimit = limit, humanBytes(limit)
 }
 
-// humanBytes writes a size exactly when it is a whole number of KiB, MiB
-// or GiB (as ByteSize does), else to a tenth of a MiB or GiB.
+// humanBytes writes a size exactly when it is a whole number of MiB or GiB
+// (as ByteSize does), else to a tenth of a MiB or GiB: a ratio's limit of
+// whole KiB read "12341792KiB" where another's read "21.2GiB" (a tester).
+// MemoryLimitBytes has it exactly.
 func humanBytes(n int64) string {
-	if s := config.ByteSize(n).String(); n%1024 == 0 {
+	if s := config.ByteSize(n).String(); n%(1<<20) == 0 {
 		return s
 	}
 	if n >= 1<<30 {

@@ -210,7 +210,7 @@ serve_proxy_gc_tuning_enabled 1
 }
 
 func TestHumanBytes(t *testing.T) {
-	for n, want := range map[int64]string{256 << 20: "256MiB", 22748851814: "21.2GiB", 1500000: "1.4MiB"} {
+	for n, want := range map[int64]string{256 << 20: "256MiB", 3 << 30: "3GiB", 22748851814: "21.2GiB", 1500000: "1.4MiB", 12341792 << 10: "11.8GiB"} {
 		if got := humanBytes(n); got != want {
 			t.Errorf("humanBytes(%d) = %q, want %q", n, got, want)
 		}
