@@ -205,3 +205,23 @@ func TestDuplicateKey(t *testing.T) {
 		}
 	}
 }
+
+// The admin listener's 405 and 404 are JSON naming the problem, the 405
+// with its Allow (an empty body, found by a tester).
+func TestAdminMethodNotAllowed(t *testing.T) {
+	tp := startProxy(t, Options{GC: newTuner(t)}, testDeployment{app: "a", prefix: "/", factory: static("hi")})
+	req, _ := http.NewRequest(http.MethodDelete, tp.adminURL+"/-/gc", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, HEAD, PUT" || !strings.Contains(string(b), "DELETE /-/gc: not a method of this endpoint; it takes GET, HEAD, PUT") {
+		t.Errorf("DELETE /-/gc = %d, Allow %q, %s", resp.StatusCode, resp.Header.Get("Allow"), b)
+	}
+	resp, body := get(t, tp.adminURL+"/-/nope")
+	if resp.StatusCode != 404 || !strings.Contains(body, "/-/nope: no such admin endpoint") {
+		t.Errorf("GET /-/nope = %d %s", resp.StatusCode, body)
+	}
+}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"syscall"
 
 	"github.com/go-chi/chi/v5"
@@ -90,7 +92,32 @@ func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 		r.HandleFunc("/trace", pprof.Trace)
 		r.Handle("/{profile}", http.HandlerFunc(pprof.Index))
 	})
+	// Errors as JSON naming the problem, as every other admin error is
+	// (a 405 had an empty body, found by a tester).
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		allow := allowedMethods(r, req.URL.Path)
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		writeJSONError(w, http.StatusMethodNotAllowed, fmt.Errorf("%s %s: not a method of this endpoint; it takes %s", req.Method, req.URL.Path, strings.Join(allow, ", ")))
+	})
+	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
+		writeJSONError(w, http.StatusNotFound, fmt.Errorf("%s: no such admin endpoint (see /metrics, /-/healthz, /-/routes, /-/applications, /-/gc, /-/reload, /debug/pprof/)", req.URL.Path))
+	})
 	return r
+}
+
+// allowedMethods lists the methods router r routes path for, HEAD with
+// GET (middleware.GetHead answers it).
+func allowedMethods(r chi.Routes, path string) []string {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPut, http.MethodPost, http.MethodDelete, http.MethodPatch} {
+		if r.Match(chi.NewRouteContext(), m, path) {
+			allow = append(allow, m)
+			if m == http.MethodGet {
+				allow = append(allow, http.MethodHead)
+			}
+		}
+	}
+	return allow
 }
 
 // reload applies the config file again (Options.Reload). The caller
