@@ -335,3 +335,12 @@ func TestConfigLine(t *testing.T) {
 		t.Errorf("Default().Line = %d, want 0", got)
 	}
 }
+
+// A byte order mark before the document is no part of its first key (it
+// read as an unknown field "\ufeffapplications", found by a tester).
+func TestParseByteOrderMark(t *testing.T) {
+	c, err := Parse("bom.yaml", []byte("\ufeffapplications:\n  - name: a\n    route_prefix: /\n    deployments:\n      - {name: a, handler: static}\n"))
+	if err != nil || len(c.Applications) != 1 {
+		t.Fatalf("Parse with a BOM: %v", err)
+	}
+}

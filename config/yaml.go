@@ -41,6 +41,9 @@ func Load(path string) (*Config, error) {
 // problems in the same pass (the binary checks handler names); it must not
 // be served. After a YAML syntax error it is nil.
 func Parse(name string, data []byte) (*Config, error) {
+	// A byte order mark, which YAML allows before a document (an editor
+	// on Windows writes one), would be read as part of the first key.
+	data = bytes.TrimPrefix(data, []byte("\ufeff"))
 	// Repeated keys are the decoder's to report, with every other
 	// problem, rather than a parse error that stops at the first.
 	file, err := parser.ParseBytes(data, 0, parser.AllowDuplicateMapKey())
