@@ -140,7 +140,7 @@ func TestReload(t *testing.T) {
 	rewrite(reloadConfig("three", 3, []string{h1.addr}, "        max_ongoing_requests: 10\n"))
 	status, res = postReload(t, c, p)
 	if status != http.StatusConflict || len(res.Problems) != 1 ||
-		!strings.Contains(res.Problems[0], "applications[0].deployments[0].max_ongoing_requests") || !strings.Contains(res.Problems[0], "takes a restart") {
+		!strings.Contains(res.Problems[0], "applications[0].deployments[0].max_ongoing_requests: changed from 5 to 10; that takes a restart") {
 		t.Errorf("reload with a new max_ongoing_requests: %d %+v, want 409 naming the field", status, res)
 	}
 	if r := get(t, c, "http://"+p.HTTPAddr+"/hello"); r.body != "two" {

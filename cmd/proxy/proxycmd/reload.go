@@ -267,7 +267,7 @@ func (rl *reloader) plan(next *config.Config) (changes []change, restart []strin
 		restart = append(restart, fieldError(next, rl.path, field, fmt.Errorf("%s; that takes a restart (a reload changes user_config, num_replicas of in-process and command deployments, upstreams and hosts)", what)).Error())
 	}
 	for _, f := range changedFields(cur.HTTPOptions, next.HTTPOptions) {
-		needs("http_options."+f, "changed")
+		needs("http_options."+f.name, f.what())
 	}
 	if len(next.Applications) != len(cur.Applications) {
 		needs("applications", fmt.Sprintf("%d applications in the file, %d running%s", len(next.Applications), len(cur.Applications), appsDiff(cur, next)))
@@ -302,7 +302,7 @@ func (rl *reloader) plan(next *config.Config) (changes []change, restart []strin
 				continue
 			}
 			for _, f := range changedFields(cd, nd, liveFields...) {
-				needs(df+"."+f, "changed")
+				needs(df+"."+f.name, f.what())
 			}
 			if nd.Handler == config.HandlerHost && nd.NumReplicas != cd.NumReplicas {
 				// The hosts' actors per host: they read it when they
@@ -435,11 +435,23 @@ func sameTargets(a, b []string) bool {
 	return slices.Equal(norm(a), norm(b))
 }
 
-// changedFields returns the YAML names of the exported fields of a and b,
-// structs of one type, that differ, except those in skip.
-func changedFields(a, b any, skip ...string) []string {
+// fieldChange is a field that differs between what runs and the file.
+type fieldChange struct {
+	name     string // its YAML name
+	from, to string // the values, as showValue writes them
+}
+
+// what says what changed, for a reload's refusal.
+func (c fieldChange) what() string {
+	return fmt.Sprintf("changed from %s to %s", c.from, c.to)
+}
+
+// changedFields returns the exported fields of a and b, structs of one
+// type, that differ, except those in skip (YAML names), with both values:
+// "changed" alone left the user to find what they had changed.
+func changedFields(a, b any, skip ...string) []fieldChange {
 	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
-	var out []string
+	var out []fieldChange
 	for i := range va.NumField() {
 		f := va.Type().Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
@@ -447,10 +459,25 @@ func changedFields(a, b any, skip ...string) []string {
 			continue
 		}
 		if !reflect.DeepEqual(va.Field(i).Interface(), vb.Field(i).Interface()) {
-			out = append(out, name)
+			out = append(out, fieldChange{name: name, from: showValue(va.Field(i)), to: showValue(vb.Field(i))})
 		}
 	}
 	return out
+}
+
+// showValue writes a config field's value for a log line: a string
+// quoted, a pointer's target ("none" for nil), anything else as %v.
+func showValue(v reflect.Value) string {
+	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+		if v.IsNil() {
+			return "none"
+		}
+		v = v.Elem()
+	}
+	if v.Kind() == reflect.String {
+		return strconv.Quote(v.String())
+	}
+	return fmt.Sprintf("%v", v.Interface())
 }
 
 // compactJSON is b without its spaces, for a log line.
