@@ -111,6 +111,21 @@ func TestHostKilled(t *testing.T) {
 	if up := <-reach; up {
 		t.Fatal("OnReachability said up when the host went")
 	}
+	// The loss's log lines count what failed with it, one line per
+	// connection (found by a tester: an SRE could not tell how many).
+	eventually(t, "the loss logged with its requests in flight", func() bool {
+		lost := 0
+		for line := range strings.SplitSeq(logs.String(), "\n") {
+			var e struct {
+				Message  string `json:"message"`
+				InFlight int    `json:"in_flight"`
+			}
+			if json.Unmarshal([]byte(line), &e) == nil && strings.HasPrefix(e.Message, "replica host connection lost") {
+				lost += e.InFlight
+			}
+		}
+		return lost == inFlight
+	})
 	// While it is down, its actors take no request: the router sends
 	// them elsewhere without trying.
 	if release, ok := r.TryAcquire(); ok {

@@ -362,7 +362,8 @@ func (c *HostConn) reconnect(i int) {
 			return // closed: no outage to report
 		}
 		err := cc.cause()
-		c.o.Log.Warn().Str("host", c.addr).Err(err).Msg("replica host connection lost; reconnecting")
+		c.o.Log.Warn().Str("host", c.addr).Err(err).Int("in_flight", cc.lostInFlight()).
+			Msg("replica host connection lost; reconnecting (the requests and calls in flight on it failed: requests with 502)")
 		c.reportReachability()
 		backoff := reconnectMin
 		var told string // the redial error last logged at Warn
@@ -564,6 +565,7 @@ type hostLink struct {
 	streams map[uint32]*linkStream // requests and calls in flight
 	nextID  uint32
 	err     error // why the connection ended
+	lost    int   // the streams in flight when it ended, failed with it
 
 	done chan struct{} // closed when the connection has ended
 
@@ -603,6 +605,14 @@ func (cc *hostLink) cause() error {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
 	return cc.err
+}
+
+// lostInFlight returns how many requests and calls failed with the
+// connection's end.
+func (cc *hostLink) lostInFlight() int {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.lost
 }
 
 // register gives s an id and adds it, unless the connection has ended.
@@ -691,6 +701,7 @@ func (cc *hostLink) shut(err error) {
 	cc.mu.Lock()
 	streams := cc.streams
 	cc.streams = nil
+	cc.lost = len(streams)
 	cc.mu.Unlock()
 	for _, s := range streams {
 		s.mu.Lock()
