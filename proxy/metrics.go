@@ -366,6 +366,12 @@ var (
 	healthyReplicasDesc = prometheus.NewDesc("serve_deployment_healthy_replicas",
 		"The number of the deployment's replicas that are healthy now (running, passed their last health check, in routing): the sum of its serve_deployment_replica_healthy, but 0, not absent, when it has no replica at all.",
 		[]string{"application", "deployment"}, nil)
+	// unconnectedDesc is what the healthy replicas' count cannot show: a
+	// listed host or upstream that never connected has no replica to
+	// count, and the deployment looked whole (found by a tester).
+	unconnectedDesc = prometheus.NewDesc("serve_deployment_unconnected_targets",
+		"The upstreams or replica hosts the deployment's list or DNS discovery names that it could not connect to (tried again at each health check; GET /-/applications lists them as unconnected_targets); 0 for a deployment in process.",
+		[]string{"application", "deployment"}, nil)
 )
 
 // Describe implements prometheus.Collector.
@@ -375,6 +381,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- peakDesc
 	ch <- healthyDesc
 	ch <- healthyReplicasDesc
+	ch <- unconnectedDesc
 }
 
 // Collect implements prometheus.Collector. The replicas' counts come from
@@ -409,5 +416,6 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(peakDesc, prometheus.GaugeValue, float64(s.Peak), app, name, s.ID)
 		}
 		ch <- prometheus.MustNewConstMetric(healthyReplicasDesc, prometheus.GaugeValue, float64(n), app, name)
+		ch <- prometheus.MustNewConstMetric(unconnectedDesc, prometheus.GaugeValue, float64(len(d.Unconnected())), app, name)
 	}
 }

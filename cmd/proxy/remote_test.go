@@ -1042,10 +1042,19 @@ func TestReplicaHostDiscovery(t *testing.T) {
 	if u := getApplications(t, c, p).Applications[0].Deployments[0].Unconnected; len(u) != 1 || u[0].Target != late || !strings.Contains(u[0].Error, "connection refused") {
 		t.Errorf("unconnected_targets = %+v, want %s refused", u, late)
 	}
+	// And in the metrics: the healthy replicas' count cannot show a host
+	// that never connected (found by a tester).
+	unconnectedSeries := `serve_deployment_unconnected_targets{application="hi",deployment="hi"} `
+	if m := get(t, c, "http://"+p.AdminAddr+"/metrics").body; !strings.Contains(m, unconnectedSeries+"1") {
+		t.Errorf("metrics lack %s1", unconnectedSeries)
+	}
 	startListening(t, replicaBin, append([]string{"-listen", late}, args...)...)
 	waitUntil(t, "the late host connected at a later resolution", func() bool { return routable(t, c, p) == 4 })
 	if u := getApplications(t, c, p).Applications[0].Deployments[0].Unconnected; len(u) != 0 {
 		t.Errorf("unconnected_targets once connected = %+v, want none", u)
+	}
+	if m := get(t, c, "http://"+p.AdminAddr+"/metrics").body; !strings.Contains(m, unconnectedSeries+"0") {
+		t.Errorf("metrics lack %s0 once connected", unconnectedSeries)
 	}
 
 	z.set(port(late), port(hosts[1].addr))
