@@ -497,7 +497,7 @@ func (c *HostConn) appendRequestHeaders(b []byte, r *http.Request) ([]byte, erro
 		add("X-Forwarded-Host", r.Host)
 	}
 	if c.via != "" {
-		add("Via", joinVia(in["Via"], c.via))
+		add("Via", joinVia(in["Via"], viaFor(c.via, r.ProtoMinor)))
 	}
 	if n > 0xffff {
 		return b[:at], errTooLong

@@ -358,9 +358,11 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 	}
 
 	hdr := w.Header()
-	u.copyResponseHeader(hdr, res.Header)
+	u.copyResponseHeader(hdr, res.Header, res.ProtoMinor)
 	if v := res.Header["Upgrade"]; res.StatusCode == http.StatusUpgradeRequired && v != nil {
-		hdr["Upgrade"] = v // a 426 must say what to upgrade to (RFC 9110 section 15.5.22)
+		// A 426 must say what to upgrade to (RFC 9110 section 15.5.22),
+		// and an Upgrade goes with "Connection: upgrade" (7.8).
+		hdr["Upgrade"], hdr["Connection"] = v, connUpgrade
 	}
 	announced := len(res.Trailer)
 	if announced > 0 {

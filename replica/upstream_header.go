@@ -182,7 +182,7 @@ func (u *Upstream) requestHeader(o *outgoing, r *http.Request) http.Header {
 		h["X-Forwarded-Host"] = o.xfh[:]
 	}
 	if u.via != "" {
-		h["Via"] = []string{joinVia(in["Via"], u.via)}
+		h["Via"] = []string{joinVia(in["Via"], viaFor(u.via, r.ProtoMinor))}
 	}
 	if o.upgrade {
 		// The one hop-by-hop request a proxy passes on, as RFC 9110
@@ -191,6 +191,17 @@ func (u *Upstream) requestHeader(o *outgoing, r *http.Request) http.Header {
 		h["Upgrade"] = upgradeWebSocket // of the protocols offered, the one relayed
 	}
 	return h
+}
+
+// viaFor is this proxy's Via entry, via ("1.1 name"), for a message it
+// received as HTTP/1.minor: RFC 9110 (7.6.3) has the entry name the
+// protocol received, and an HTTP/1.0 client's request said 1.1 (found by
+// a tester).
+func viaFor(via string, minor int) string {
+	if minor == 0 {
+		return "1.0" + via[len("1.1"):]
+	}
+	return via
 }
 
 // joinVia is the Via list prior with this proxy's entry added, as one
@@ -207,7 +218,7 @@ func joinVia(prior []string, via string) string {
 // client's response), less the hop-by-hop headers and FullHeader. A header
 // the proxy has set already (X-Request-Id) keeps its value when the
 // replica echoes the same one, and gets the replica's appended otherwise.
-func (u *Upstream) copyResponseHeader(dst, src http.Header) {
+func (u *Upstream) copyResponseHeader(dst, src http.Header, minor int) {
 	conn := src["Connection"]
 	for k, vv := range src {
 		if isHopHeader(k) || k == FullHeader || (len(conn) > 0 && hasToken(conn, k)) {
@@ -222,7 +233,7 @@ func (u *Upstream) copyResponseHeader(dst, src http.Header) {
 		}
 	}
 	if u.via != "" {
-		dst["Via"] = []string{joinVia(dst["Via"], u.via)}
+		dst["Via"] = []string{joinVia(dst["Via"], viaFor(u.via, minor))}
 	}
 	if _, ok := dst["Content-Type"]; !ok {
 		// The replica sent none: a nil entry keeps net/http from

@@ -313,6 +313,7 @@ func TestUpstreamForwardedHeaders(t *testing.T) {
 		wantVia    []string
 		optVia     string
 		noTrustSet bool
+		http10     bool // the client's request is HTTP/1.0
 	}{
 		{name: "untrusted, no XFF", remote: "192.0.2.7:1234", wantXFF: "192.0.2.7", wantProto: "http", wantHost: "front.test"},
 		{name: "untrusted XFF replaced", remote: "192.0.2.7:1234", xff: []string{"6.6.6.6"}, xfp: "https", xfh: "forged.test",
@@ -327,6 +328,10 @@ func TestUpstreamForwardedHeaders(t *testing.T) {
 		{name: "TLS seen", remote: "192.0.2.7:1234", tls: true, wantXFF: "192.0.2.7", wantProto: "https", wantHost: "front.test"},
 		{name: "via", remote: "192.0.2.7:1234", via: []string{"1.0 fred"}, optVia: "serveproxy", wantXFF: "192.0.2.7", wantProto: "http", wantHost: "front.test",
 			wantVia: []string{"1.0 fred, 1.1 serveproxy"}},
+		// The entry names the protocol received (RFC 9110 7.6.3; found
+		// by a tester).
+		{name: "via from HTTP/1.0", remote: "192.0.2.7:1234", optVia: "serveproxy", http10: true, wantXFF: "192.0.2.7", wantProto: "http", wantHost: "front.test",
+			wantVia: []string{"1.0 serveproxy"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := UpstreamOptions{TrustedProxies: trusted, Via: tc.optVia}
@@ -340,6 +345,9 @@ func TestUpstreamForwardedHeaders(t *testing.T) {
 			}
 			r := httptest.NewRequest(http.MethodGet, target, nil)
 			r.RemoteAddr = tc.remote
+			if tc.http10 {
+				r.Proto, r.ProtoMinor = "HTTP/1.0", 0
+			}
 			for _, v := range tc.xff {
 				r.Header.Add("X-Forwarded-For", v)
 			}

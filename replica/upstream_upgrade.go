@@ -61,7 +61,7 @@ func (u *Upstream) switchProtocols(w http.ResponseWriter, r *http.Request, res *
 	defer backend.Close()
 
 	hdr := w.Header() // after Hijack: the header the proxy set is in it
-	u.copyResponseHeader(hdr, res.Header)
+	u.copyResponseHeader(hdr, res.Header, res.ProtoMinor)
 	// A 1xx has no body to frame (RFC 9110 section 8.6), and the nil
 	// Content-Type entry is copyResponseHeader's no-sniff marker.
 	delete(hdr, "Content-Length")
