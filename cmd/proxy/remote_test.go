@@ -715,6 +715,13 @@ func TestRemoteBadInput(t *testing.T) {
       - name: f
         handler: command
         command: [`+script+`]
+  - name: g
+    route_prefix: /g
+    deployments:
+      - name: g
+        handler: command
+        command: [/no/such/program]
+        working_dir: /nonexistent-dir
 `)
 	want := []string{
 		`:7: applications[0].deployments[0].upstreams[1]: must be an http:// or https:// URL, got "http//missing-colon"`,
@@ -724,6 +731,10 @@ func TestRemoteBadInput(t *testing.T) {
 		`:26: applications[3].deployments[0].discovery: must be dns://name:port`,
 		`:33: applications[4].deployments[0].host_handler: unknown handler "nope"`,
 		`:39: applications[5].deployments[0].command: program "` + script + `": its #! line names the interpreter "/no/such/python3", which does not exist`,
+		// Both, the program not being relative to the directory (found
+		// by a tester: the second was not said).
+		`:45: applications[6].deployments[0].command: program "/no/such/program": no such file or directory`,
+		`:46: applications[6].deployments[0].working_dir: "/nonexistent-dir": no such file or directory`,
 	}
 	for _, args := range [][]string{{"-check", "-config", path}, {"-config", path}} {
 		res := runProxy(t, nil, args...)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -423,7 +424,11 @@ func checkCommand(d config.Deployment) error {
 	}
 	path, err := exec.LookPath(prog)
 	if err != nil {
-		return fmt.Errorf("program %q: %v", d.Command[0], errors.Unwrap(err))
+		cause := errors.Unwrap(err)
+		if pe, ok := errors.AsType[*fs.PathError](err); ok {
+			cause = pe.Err // the path is said already
+		}
+		return fmt.Errorf("program %q: %v", d.Command[0], cause)
 	}
 	return checkInterpreter(d.Command[0], path)
 }

@@ -24,6 +24,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -273,7 +274,9 @@ func loadConfig(path string, e config.Env, reg *replica.Registry, taken func(app
 			if d.Handler == config.HandlerCommand {
 				if err := checkWorkingDir(d.WorkingDir); err != nil && !failed[field+".working_dir"] {
 					found = append(found, fieldError(cfg, path, field+".working_dir", err))
-					continue
+					if len(d.Command) > 0 && strings.Contains(d.Command[0], "/") && !filepath.IsAbs(d.Command[0]) {
+						continue // a program relative to the directory: nothing to look for
+					}
 				}
 				if err := checkCommand(d); err != nil && !failed[field+".command"] {
 					found = append(found, fieldError(cfg, path, field+".command", err))
