@@ -369,6 +369,9 @@ var (
 	// unconnectedDesc is what the healthy replicas' count cannot show: a
 	// listed host or upstream that never connected has no replica to
 	// count, and the deployment looked whole (found by a tester).
+	startsDesc = prometheus.NewDesc("serve_deployment_replica_starts_total",
+		"The replicas the deployment has built in process or started as processes: the first ones, scale-ups and every replacement (Ray Serve's serve_deployment_replica_starts; a crash loop shows as its rate). Upstreams and replica hosts' actors are connected to, not started, and do not count.",
+		[]string{"application", "deployment"}, nil)
 	unconnectedDesc = prometheus.NewDesc("serve_deployment_unconnected_targets",
 		"The upstreams or replica hosts the deployment's list or DNS discovery names that it could not connect to (tried again at each health check; GET /-/applications lists them as unconnected_targets); 0 for a deployment in process.",
 		[]string{"application", "deployment"}, nil)
@@ -382,6 +385,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- healthyDesc
 	ch <- healthyReplicasDesc
 	ch <- unconnectedDesc
+	ch <- startsDesc
 }
 
 // Collect implements prometheus.Collector. The replicas' counts come from
@@ -417,5 +421,6 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(healthyReplicasDesc, prometheus.GaugeValue, float64(n), app, name)
 		ch <- prometheus.MustNewConstMetric(unconnectedDesc, prometheus.GaugeValue, float64(len(d.Unconnected())), app, name)
+		ch <- prometheus.MustNewConstMetric(startsDesc, prometheus.CounterValue, float64(d.Starts()), app, name)
 	}
 }

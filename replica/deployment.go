@@ -140,6 +140,9 @@ var ErrNotAnObject = errors.New("user_config must be a JSON object")
 type Deployment struct {
 	hooks Hooks
 
+	// starts counts the replicas built or started (see Starts).
+	starts atomic.Uint64
+
 	// control serializes the changes of the replica set and its config
 	// (Reconfigure, Scale, topUp, Stop), so that a replica is never built
 	// with a user_config that is being replaced.

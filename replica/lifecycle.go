@@ -100,8 +100,16 @@ func (d *Deployment) newReplica(ctx context.Context, userConfig json.RawMessage)
 	if err != nil {
 		return nil, fmt.Errorf("application %q deployment %q: %w", d.spec.App, d.spec.Name, err)
 	}
+	d.starts.Add(1)
 	return r, nil
 }
+
+// Starts returns how many replicas the deployment has built in process or
+// started as processes since it began: the first ones, scale-ups and every
+// replacement of one that crashed, failed its health checks or exited (a
+// crash loop shows as its rate). Replicas outside the proxy that it
+// connects to (upstreams, replica hosts' actors) do not count.
+func (d *Deployment) Starts() uint64 { return d.starts.Load() }
 
 // startMany starts n replicas with spec.Start at once, maxParallelStarts
 // at a time (each may take seconds to become healthy), and returns those

@@ -281,6 +281,11 @@ func TestCommandReplicasRestartAfterKill(t *testing.T) {
 		}
 		return n == 3 && len(replicaPIDs(p)) == 4
 	})
+	// Four starts, as Ray Serve's serve_deployment_replica_starts counts
+	// them: a crash loop's rate (found missing by a tester).
+	if m := get(t, c, "http://"+p.AdminAddr+"/metrics").body; !strings.Contains(m, `serve_deployment_replica_starts_total{application="hi",deployment="hi"} 4`) {
+		t.Errorf("metrics lack 4 replica starts:\n%s", m)
+	}
 	// On shutdown every replica process is stopped.
 	p.stop()
 	for _, pid := range replicaPIDs(p) {
