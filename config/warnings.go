@@ -34,9 +34,12 @@ func (c *Config) Warnings() []FieldError {
 				if shell {
 					continue
 				}
-				for _, v := range []string{"PORT", "REPLICA_ID"} {
-					if strings.Contains(a, "$"+v) || strings.Contains(a, "${"+v+"}") {
-						warn(f, "$%s is passed as it is (no shell runs); write $(%s) for the replica's %s", v, v, strings.ToLower(strings.ReplaceAll(v, "_", " ")))
+				seen := map[string]bool{}
+				for _, m := range shellVar.FindAllStringSubmatch(a, -1) {
+					v := m[1] + m[2]
+					if !seen[v] {
+						seen[v] = true
+						warn(f, "$%s is passed as it is (no shell runs); write $(%s) for the replica's %s", v, v, map[string]string{"PORT": "port", "REPLICA_ID": "id"}[v])
 					}
 				}
 				for _, name := range unexpanded(a) {
@@ -54,6 +57,10 @@ func (c *Config) Warnings() []FieldError {
 	slices.SortStableFunc(ws, func(a, b FieldError) int { return a.Line - b.Line })
 	return ws
 }
+
+// shellVar matches a shell's $PORT or ${PORT} (or REPLICA_ID's), which
+// only a shell expands.
+var shellVar = regexp.MustCompile(`\$(?:(PORT|REPLICA_ID)\b|\{(PORT|REPLICA_ID)\})`)
 
 // varRef matches a Kubernetes-style $(NAME) reference, or its escape
 // $$(NAME).

@@ -17,7 +17,7 @@ applications:
         command: [sh, -c, "exec ./server --port $PORT --name $(hostname)"]
       - name: direct
         handler: command
-        command: [./server, "$${PORT}", "$(REPLICA_ID)", "$$(LITERAL)", "$(A)$(B)"]
+        command: [./server, "$${PORT}", "$(REPLICA_ID)", "$$(LITERAL)", "$(A)$(B)", "$PORTAL", "$REPLICA_ID"]
         env: ["HOME_DIR=$(HOME)", "ID=$(REPLICA_ID)"]
 `
 	for _, tt := range []struct {
@@ -29,6 +29,7 @@ applications:
 			`line 11: applications[0].deployments[1].command[1]: $PORT is passed as it is`,
 			`line 11: applications[0].deployments[1].command[4]: $(A) is passed`,
 			`line 11: applications[0].deployments[1].command[4]: $(B) is passed`,
+			`line 11: applications[0].deployments[1].command[6]: $REPLICA_ID is passed as it is (no shell runs); write $(REPLICA_ID) for the replica's id`,
 			`line 12: applications[0].deployments[1].env[0]: $(HOME) is passed`,
 		}},
 		{"the same values in the environment", map[string]string{

@@ -99,8 +99,16 @@ func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 		w.Header().Set("Allow", strings.Join(allow, ", "))
 		writeJSONError(w, http.StatusMethodNotAllowed, fmt.Errorf("%s %s: not a method of this endpoint; it takes %s", req.Method, req.URL.Path, strings.Join(allow, ", ")))
 	})
+	endpoints := []string{"/metrics", "/-/healthz", "/-/routes", "/-/applications"}
+	if p.opts.GC != nil {
+		endpoints = append(endpoints, "/-/gc")
+	}
+	if p.opts.Reload != nil {
+		endpoints = append(endpoints, "/-/reload")
+	}
+	endpoints = append(endpoints, "/debug/pprof/")
 	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
-		writeJSONError(w, http.StatusNotFound, fmt.Errorf("%s: no such admin endpoint (see /metrics, /-/healthz, /-/routes, /-/applications, /-/gc, /-/reload, /debug/pprof/)", req.URL.Path))
+		writeJSONError(w, http.StatusNotFound, fmt.Errorf("%s: no such admin endpoint (there are %s)", req.URL.Path, strings.Join(endpoints, ", ")))
 	})
 	return r
 }

@@ -366,12 +366,14 @@ var (
 	healthyReplicasDesc = prometheus.NewDesc("serve_deployment_healthy_replicas",
 		"The number of the deployment's replicas that are healthy now (running, passed their last health check, in routing): the sum of its serve_deployment_replica_healthy, but 0, not absent, when it has no replica at all.",
 		[]string{"application", "deployment"}, nil)
+	// startsDesc is Ray Serve's serve_deployment_replica_starts, by
+	// deployment: a crash loop's rate (found missing by a tester).
+	startsDesc = prometheus.NewDesc("serve_deployment_replica_starts_total",
+		"The replicas the deployment has tried to build in process or start as processes, whether or not they came up: the first ones, scale-ups, replacements and retries of failed starts (Ray Serve's serve_deployment_replica_starts; a crash loop shows as its rate). Upstreams and replica hosts' actors are connected to, not started, and do not count.",
+		[]string{"application", "deployment"}, nil)
 	// unconnectedDesc is what the healthy replicas' count cannot show: a
 	// listed host or upstream that never connected has no replica to
 	// count, and the deployment looked whole (found by a tester).
-	startsDesc = prometheus.NewDesc("serve_deployment_replica_starts_total",
-		"The replicas the deployment has built in process or started as processes: the first ones, scale-ups and every replacement (Ray Serve's serve_deployment_replica_starts; a crash loop shows as its rate). Upstreams and replica hosts' actors are connected to, not started, and do not count.",
-		[]string{"application", "deployment"}, nil)
 	unconnectedDesc = prometheus.NewDesc("serve_deployment_unconnected_targets",
 		"The upstreams or replica hosts the deployment's list or DNS discovery names that it could not connect to (tried again at each health check; GET /-/applications lists them as unconnected_targets); 0 for a deployment in process.",
 		[]string{"application", "deployment"}, nil)

@@ -140,7 +140,7 @@ var ErrNotAnObject = errors.New("user_config must be a JSON object")
 type Deployment struct {
 	hooks Hooks
 
-	// starts counts the replicas built or started (see Starts).
+	// starts counts the replicas it tried to build or start (see Starts).
 	starts atomic.Uint64
 
 	// control serializes the changes of the replica set and its config

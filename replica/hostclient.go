@@ -68,7 +68,7 @@ type HostConn struct {
 	addr     string
 	o        HostOptions
 	maxFrame int
-	via      string // "1.1 <Via>", or ""
+	via      string // the pseudonym of its Via entries (see viaFor), or ""
 
 	replicas []*hostReplica // in the order of the first hello
 	byID     map[string]*hostReplica
@@ -127,7 +127,7 @@ func ConnectHost(ctx context.Context, addr string, o HostOptions) (*HostConn, er
 		c.maxFrame = DefaultMaxFrameSize
 	}
 	if o.Via != "" {
-		c.via = "1.1 " + o.Via
+		c.via = o.Via // its pseudonym: see viaFor
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.links = make([]atomic.Pointer[hostLink], max(o.Conns, 1))
@@ -362,8 +362,12 @@ func (c *HostConn) reconnect(i int) {
 			return // closed: no outage to report
 		}
 		err := cc.cause()
-		c.o.Log.Warn().Str("host", c.addr).Err(err).Int("in_flight", cc.lostInFlight()).
-			Msg("replica host connection lost; reconnecting (the requests and calls in flight on it failed: requests with 502)")
+		msg := "replica host connection lost; reconnecting"
+		lost := cc.lostInFlight()
+		if lost > 0 {
+			msg += " (what was in flight on it failed: a request not yet answered with 502, one being answered cut short)"
+		}
+		c.o.Log.Warn().Str("host", c.addr).Err(err).Int("in_flight", lost).Msg(msg)
 		c.reportReachability()
 		backoff := reconnectMin
 		var told string // the redial error last logged at Warn
@@ -836,7 +840,7 @@ func (s *linkStream) waitHead(ctx context.Context, timeout <-chan time.Time) (ty
 	}
 }
 
-var errHeadTimeout = errors.New("the host did not begin its answer within replica_timeout_s")
+var errHeadTimeout = errors.New("the host did not begin its answer within ResponseHeaderTimeout (the config file's replica_timeout_s)")
 
 // control sends one control call for the actors idxs and waits for its
 // answers. sent reports, on error, whether the call may have reached the

@@ -552,7 +552,7 @@ func (c *HostConn) readResponseHead(dst http.Header, head []byte) (status, end i
 		start = i + 1
 	}
 	if c.via != "" {
-		dst["Via"] = []string{joinVia(dst["Via"], c.via)}
+		dst["Via"] = []string{joinVia(dst["Via"], viaFor(c.via, 1))}
 	}
 	return status, end, nil
 }
@@ -584,6 +584,6 @@ func (c *HostConn) copyResponseHeader(dst, src http.Header) {
 		}
 	}
 	if c.via != "" {
-		dst["Via"] = []string{joinVia(dst["Via"], c.via)}
+		dst["Via"] = []string{joinVia(dst["Via"], viaFor(c.via, 1))}
 	}
 }

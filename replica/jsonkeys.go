@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -25,11 +26,11 @@ func ExactKeys(raw []byte, v any) error {
 	if reflect.PointerTo(t).Implements(reflect.TypeFor[json.Unmarshaler]()) {
 		return nil // its own UnmarshalJSON decides what its keys are
 	}
-	var obj map[string]json.RawMessage
-	if json.Unmarshal(raw, &obj) != nil {
+	keys, ok := objectKeys(raw)
+	if !ok {
 		return nil
 	}
-	for k := range obj {
+	for _, k := range keys {
 		if hasJSONField(t, k) {
 			continue
 		}
@@ -41,6 +42,32 @@ func ExactKeys(raw []byte, v any) error {
 		return fmt.Errorf("unknown field %q", k)
 	}
 	return nil
+}
+
+// objectKeys returns the keys of the JSON object raw at its top level, in
+// the order written (so that of several wrong keys the first is named,
+// every time), or false if raw is not one valid object.
+func objectKeys(raw []byte) ([]string, bool) {
+	if !json.Valid(raw) {
+		return nil, false
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, false
+	}
+	var keys []string
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		keys = append(keys, t.(string)) // a key: the object is valid
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return nil, false
+		}
+	}
+	return keys, true
 }
 
 // hasJSONField reports whether struct type t has a field named key in

@@ -69,6 +69,7 @@ func (d *Deployment) forgetID(id string) {
 // user's factory; a panic in either is an error, not a crash.
 func (d *Deployment) newReplica(ctx context.Context, userConfig json.RawMessage) (r Replica, err error) {
 	id := d.newID()
+	d.starts.Add(1)
 	defer func() {
 		if v := recover(); v != nil {
 			err = fmt.Errorf("application %q deployment %q: starting a replica panicked: %v", d.spec.App, d.spec.Name, v)
@@ -100,14 +101,14 @@ func (d *Deployment) newReplica(ctx context.Context, userConfig json.RawMessage)
 	if err != nil {
 		return nil, fmt.Errorf("application %q deployment %q: %w", d.spec.App, d.spec.Name, err)
 	}
-	d.starts.Add(1)
 	return r, nil
 }
 
-// Starts returns how many replicas the deployment has built in process or
-// started as processes since it began: the first ones, scale-ups and every
-// replacement of one that crashed, failed its health checks or exited (a
-// crash loop shows as its rate). Replicas outside the proxy that it
+// Starts returns how many replicas the deployment has tried to build in
+// process or start as processes since it began, whether or not they came
+// up: the first ones, scale-ups, every replacement of one that crashed,
+// failed its health checks or exited, and every retry of a failed start
+// (a crash loop shows as its rate). Replicas outside the proxy that it
 // connects to (upstreams, replica hosts' actors) do not count.
 func (d *Deployment) Starts() uint64 { return d.starts.Load() }
 

@@ -69,11 +69,12 @@ type Process struct {
 	unasked bool
 }
 
-// processVar matches $(PORT) and $(REPLICA_ID) in a command's arguments,
-// and their escapes $$(PORT) and $$(REPLICA_ID), as Kubernetes expands a
-// container's args: a shell's own $PORT (in an sh -c script, say) is left
-// for the shell.
-var processVar = regexp.MustCompile(`\$?\$\((PORT|REPLICA_ID)\)`)
+// processVar matches a $(NAME) reference in a command's arguments, or its
+// escape $$(NAME), as Kubernetes expands a container's args: $(PORT) and
+// $(REPLICA_ID) are replaced, any $$(NAME) is the text $(NAME), and any
+// other $(NAME) is left as it is (the config's Warnings say so), as is a
+// shell's own $PORT (in an sh -c script, say), left for the shell.
+var processVar = regexp.MustCompile(`\$?\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
 
 // childEnviron is the proxy's environment without its admin token: a
 // replica process has no business with the proxy's admin API, and its
@@ -85,8 +86,8 @@ func childEnviron() []string {
 
 // StartProcess starts o.Command with PORT (a free loopback port) and
 // REPLICA_ID=id in its environment, and $(PORT) and $(REPLICA_ID) in its
-// arguments and o.Env's values replaced by their values ($$(PORT) is a
-// literal $(PORT); no shell runs, and any other $ is left as it is). The
+// arguments and o.Env's values replaced by their values ($$(NAME) is a
+// literal $(NAME); no shell runs, and any other $ is left as it is). The
 // proxy's PROXY_ADMIN_TOKEN is not passed on. It does not wait for the
 // server to listen: health-check it for that.
 func StartProcess(id string, o ProcessOptions) (*Process, error) {
@@ -104,8 +105,10 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 				return v[1:] // escaped
 			case v == "$(PORT)":
 				return strconv.Itoa(port)
-			default:
+			case v == "$(REPLICA_ID)":
 				return id
+			default:
+				return v // no such variable: the text, as Kubernetes leaves it
 			}
 		})
 	}

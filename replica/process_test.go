@@ -189,13 +189,14 @@ func (l *processLog) String() string {
 
 // TestProcessArgumentsExpanded: $(PORT) and $(REPLICA_ID) in a command's
 // arguments are its port and id, without a shell, as Kubernetes expands a
-// container's args; $$(PORT) is a literal $(PORT), and a shell's own $PORT
-// is left for the shell.
+// container's args; $$(PORT) is a literal $(PORT), as $$(HOME) is $(HOME)
+// (the escape the config's warning advises, found by review), another
+// $(NAME) is left as it is, and a shell's own $PORT is left for the shell.
 func TestProcessArgumentsExpanded(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "args")
 	t.Setenv("PROXY_ADMIN_TOKEN", "s3cret") // not for the replica
 	p, err := StartProcess("dep#xyz", ProcessOptions{Command: []string{
-		"sh", "-c", `printf '%s|%s|%s|%s|%s|%s|%s|%s' "$1" "$2" "$3" "$4" "$5" "$PORT" "$BIND" "${PROXY_ADMIN_TOKEN-unset}" > "$0"`, out, "$(PORT)", "$(REPLICA_ID)", "127.0.0.1:$(PORT)", "$$(PORT)", "$PORT",
+		"sh", "-c", `printf '%s|%s|%s|%s|%s|%s|%s|%s|%s|%s' "$1" "$2" "$3" "$4" "$5" "$PORT" "$BIND" "${PROXY_ADMIN_TOKEN-unset}" "$6" "$7" > "$0"`, out, "$(PORT)", "$(REPLICA_ID)", "127.0.0.1:$(PORT)", "$$(PORT)", "$PORT", "$$(HOME)", "$(HOME)",
 	}, Env: []string{"BIND=127.0.0.1:$(PORT)"}})
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +211,7 @@ func TestProcessArgumentsExpanded(t *testing.T) {
 		t.Fatalf("the command: %v, exit %v", err, p.ExitError())
 	}
 	_, port, _ := net.SplitHostPort(strings.TrimPrefix(p.URL(), "http://"))
-	if want := port + "|dep#xyz|127.0.0.1:" + port + "|$(PORT)|$PORT|" + port + "|127.0.0.1:" + port + "|unset"; string(b) != want {
+	if want := port + "|dep#xyz|127.0.0.1:" + port + "|$(PORT)|$PORT|" + port + "|127.0.0.1:" + port + "|unset|$(HOME)|$(HOME)"; string(b) != want {
 		t.Fatalf("arguments = %q, want %q", b, want)
 	}
 }

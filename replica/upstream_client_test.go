@@ -233,6 +233,20 @@ func TestUpstreamClientErrors(t *testing.T) {
 				t.Fatalf("err = %#v, want an *InvalidResponseError", err)
 			}
 		}},
+		{name: "closes after a 1xx", base: func(t *testing.T) string {
+			return rawServer(t, func(c net.Conn) {
+				_ = readRequestHead(c)
+				_, _ = io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n")
+				_ = c.Close()
+			})
+		}, check: func(t *testing.T, err error) {
+			// Not "in the middle of the status line": none of it came
+			// (found by review).
+			var ie *InvalidResponseError
+			if !errors.As(err, &ie) || !strings.Contains(err.Error(), "closed after a 1xx answer") {
+				t.Fatalf("err = %#v, want an *InvalidResponseError", err)
+			}
+		}},
 		{name: "closes mid-status-line", base: func(t *testing.T) string {
 			return rawServer(t, func(c net.Conn) {
 				_ = readRequestHead(c)

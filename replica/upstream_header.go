@@ -193,15 +193,15 @@ func (u *Upstream) requestHeader(o *outgoing, r *http.Request) http.Header {
 	return h
 }
 
-// viaFor is this proxy's Via entry, via ("1.1 name"), for a message it
-// received as HTTP/1.minor: RFC 9110 (7.6.3) has the entry name the
-// protocol received, and an HTTP/1.0 client's request said 1.1 (found by
-// a tester).
-func viaFor(via string, minor int) string {
+// viaFor is this proxy's Via entry, under the pseudonym name, for a
+// message it received as HTTP/1.minor: RFC 9110 (7.6.3) has the entry name
+// the protocol received, and an HTTP/1.0 client's request said 1.1 (found
+// by a tester).
+func viaFor(name string, minor int) string {
 	if minor == 0 {
-		return "1.0" + via[len("1.1"):]
+		return "1.0 " + name
 	}
-	return via
+	return "1.1 " + name
 }
 
 // joinVia is the Via list prior with this proxy's entry added, as one

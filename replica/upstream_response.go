@@ -36,9 +36,12 @@ func (cc *clientConn) readHead(req *http.Request, b *responseBody) (answered boo
 			answered = true
 		}
 		if err != nil {
-			if answered && err == io.EOF {
+			switch {
+			case len(line) > 0 && err == io.EOF:
 				// Not unreachable: it answered, and broke off its answer.
 				err = &errMalformed{"the connection closed in the middle of the status line"}
+			case answered && err == io.EOF:
+				err = &errMalformed{"the connection closed after a 1xx answer, before the final one"}
 			}
 			return answered, err
 		}
@@ -59,6 +62,11 @@ func (cc *clientConn) readHead(req *http.Request, b *responseBody) (answered boo
 			res.Status = strconv.Itoa(code) + " " + reason
 		}
 		if err := cc.readHeader(res); err != nil {
+			if err == io.ErrUnexpectedEOF {
+				// Not unreachable: it answered, and broke off its head. (A
+				// trailer section broken off is a body cut short.)
+				err = &errMalformed{"the connection closed in the middle of the response header"}
+			}
 			return true, err
 		}
 		if code >= 100 && code <= 199 {
@@ -208,7 +216,7 @@ func (cc *clientConn) readHeader(res *http.Response) error {
 		line, err := cc.readLine(maxResponseHeaderBytes)
 		if err != nil {
 			if err == io.EOF {
-				err = &errMalformed{"the connection closed in the middle of the response header"}
+				err = io.ErrUnexpectedEOF
 			}
 			return err
 		}

@@ -426,7 +426,10 @@ func checkCommand(d config.Deployment) error {
 	if err != nil {
 		cause := errors.Unwrap(err)
 		if pe, ok := errors.AsType[*fs.PathError](err); ok {
-			cause = pe.Err // the path is said already
+			cause = pe.Err // the path is said below
+		}
+		if prog != d.Command[0] {
+			return fmt.Errorf("program %q (%s, in working_dir): %v", d.Command[0], prog, cause)
 		}
 		return fmt.Errorf("program %q: %v", d.Command[0], cause)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/serveproxy/serveproxy/config"
 	"github.com/serveproxy/serveproxy/replica"
 )
 
@@ -272,5 +274,21 @@ func TestHelpExitsZero(t *testing.T) {
 	}
 	if code := Run(context.Background(), []string{"-nope"}, nil, nil, io.Discard, io.Discard); code != exitInvalid {
 		t.Fatalf("-nope: exit %d, want %d", code, exitInvalid)
+	}
+}
+
+// A reload's refusal shows a scalar's old and new value, never a list's
+// or a struct's, which may hold secrets (an env's token; found by
+// review), and takes a list left out for one written as [].
+func TestChangedFields(t *testing.T) {
+	a := config.Deployment{Name: "d", MaxOngoingRequests: 5, Env: []string{"TOKEN=old"}, Command: []string{"srv"}}
+	b := config.Deployment{Name: "d", MaxOngoingRequests: 10, Env: []string{"TOKEN=new"}, Command: []string{"srv"}, Upstreams: []string{}}
+	got := map[string]string{}
+	for _, c := range changedFields(a, b) {
+		got[c.name] = c.what()
+	}
+	want := map[string]string{"max_ongoing_requests": "changed from 5 to 10", "env": "changed"}
+	if !maps.Equal(got, want) {
+		t.Errorf("changedFields = %v, want %v", got, want)
 	}
 }

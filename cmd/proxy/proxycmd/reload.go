@@ -438,11 +438,14 @@ func sameTargets(a, b []string) bool {
 // fieldChange is a field that differs between what runs and the file.
 type fieldChange struct {
 	name     string // its YAML name
-	from, to string // the values, as showValue writes them
+	from, to string // the values, as showValue writes them; "" when not shown
 }
 
 // what says what changed, for a reload's refusal.
 func (c fieldChange) what() string {
+	if c.from == "" {
+		return "changed" // not shown: see scalar
+	}
 	return fmt.Sprintf("changed from %s to %s", c.from, c.to)
 }
 
@@ -458,22 +461,41 @@ func changedFields(a, b any, skip ...string) []fieldChange {
 		if !f.IsExported() || name == "" || name == "-" || slices.Contains(skip, name) {
 			continue
 		}
-		if !reflect.DeepEqual(va.Field(i).Interface(), vb.Field(i).Interface()) {
-			out = append(out, fieldChange{name: name, from: showValue(va.Field(i)), to: showValue(vb.Field(i))})
+		fa, fb := va.Field(i), vb.Field(i)
+		if reflect.DeepEqual(fa.Interface(), fb.Interface()) || emptyList(fa) && emptyList(fb) {
+			continue
 		}
+		c := fieldChange{name: name}
+		if scalar(fa) {
+			c.from, c.to = showValue(fa), showValue(fb)
+		}
+		out = append(out, c)
 	}
 	return out
 }
 
-// showValue writes a config field's value for a log line: a string
-// quoted, a pointer's target ("none" for nil), anything else as %v.
-func showValue(v reflect.Value) string {
-	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
-		if v.IsNil() {
-			return "none"
-		}
-		v = v.Elem()
+// emptyList reports whether v is a nil or empty slice or map: a list the
+// file leaves out and one it writes as [] are the same.
+func emptyList(v reflect.Value) bool {
+	return (v.Kind() == reflect.Slice || v.Kind() == reflect.Map) && v.Len() == 0
+}
+
+// scalar reports whether v is a value a refusal may show: a number, a
+// bool, a string. Lists and structs (a command's arguments, env, TLS
+// files) may hold secrets, and go to the log and the answer: those are
+// named, not shown.
+func scalar(v reflect.Value) bool {
+	switch v.Kind() {
+	case reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64, reflect.String:
+		return true
 	}
+	return false
+}
+
+// showValue writes a scalar config value for a log line: a string quoted,
+// anything else as %v.
+func showValue(v reflect.Value) string {
 	if v.Kind() == reflect.String {
 		return strconv.Quote(v.String())
 	}
