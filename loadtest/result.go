@@ -67,9 +67,13 @@ type Result struct {
 
 	// Mean, Min and Max are the exact latencies of the responses (failed
 	// requests have none). Closed loop latency runs from the send to the
-	// end of the body; open loop latency from the intended send time.
+	// end of the body; open loop latency from the intended send time. Max
+	// also counts each Cancelled request at its age when it was cancelled,
+	// as the percentiles do.
 	Mean, Min, Max time.Duration
-	// Percentiles holds one entry per element of Quantiles, in order.
+	// Percentiles holds one entry per element of Quantiles, in order: of
+	// the responses' latencies and the Cancelled requests' ages (lower
+	// bounds of theirs), so that a stall at the end of a run shows.
 	Percentiles []Percentile
 
 	// Errors counts failures by message (addresses stripped), at most a few
@@ -133,7 +137,7 @@ func (r *Result) WriteText(w io.Writer) error {
 		p("Dropped requests:       %d (max in flight reached)\n", r.Dropped)
 	}
 	if r.Cancelled > 0 {
-		p("Cancelled requests:     %d (in flight at the end)\n", r.Cancelled)
+		p("Cancelled requests:     %d (in flight at the end; their ages then are in the percentiles)\n", r.Cancelled)
 	}
 	if r.Non2xx > 0 {
 		p("Non-2xx responses:      %d\n", r.Non2xx)

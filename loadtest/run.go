@@ -231,23 +231,24 @@ func (l *loop) do(t *tally, from time.Time) {
 	}
 	resp, err := l.client.Do(req)
 	if err != nil {
-		l.failed(t, err)
+		l.failed(t, err, from)
 		return
 	}
 	n, err := io.Copy(io.Discard, resp.Body)
 	_ = resp.Body.Close()
 	if err != nil {
-		l.failed(t, err)
+		l.failed(t, err, from)
 		return
 	}
 	t.response(resp.StatusCode, time.Since(from), n)
 }
 
-// failed records err in t, or as cancelled if the run cancelled the
-// request.
-func (l *loop) failed(t *tally, err error) {
+// failed records err in t, or, if the run cancelled the request, counts
+// it as cancelled and records its age (see tally.unfinished).
+func (l *loop) failed(t *tally, err error, from time.Time) {
 	if l.reqs.Err() != nil {
 		l.cancelled.Add(1)
+		t.unfinished(time.Since(from))
 		return
 	}
 	t.failure(errorKey(err))

@@ -333,6 +333,13 @@ func TestCancelStopsPromptly(t *testing.T) {
 		}
 		if res == nil || res.Cancelled == 0 || res.Failed != 0 {
 			t.Errorf("rate %v: result %+v, want the in-flight requests cancelled, none failed", rate, res)
+			continue
+		}
+		// Their ages are in the latencies: the first was sent at the
+		// start and cancelled at 200 ms (a stall at a run's end showed a
+		// p99 of 1.5 ms, found by a tester).
+		if res.Max < 150*time.Millisecond || res.Latency(99) < 150*time.Millisecond {
+			t.Errorf("rate %v: max %v, p99 %v; want the cancelled requests' ages, 200 ms and more", rate, res.Max, res.Latency(99))
 		}
 	}
 }
