@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -109,6 +110,22 @@ func (c Config) Validate() error {
 	if u.Host == "" {
 		return fmt.Errorf("URL: no host in %q", c.URL)
 	}
+	if p := u.Port(); p != "" {
+		// Before the run, not as every request's dial error.
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("URL: port %q is not 1 to 65535", p)
+		}
+	}
+	for k, vv := range c.Header {
+		if !validToken(k) {
+			return fmt.Errorf("Header: not a valid header name: %q", k)
+		}
+		for _, v := range vv {
+			if !validHeaderValue(v) {
+				return fmt.Errorf("Header: the value of %s has a control character: %q", k, v)
+			}
+		}
+	}
 	if !c.AllowRemote {
 		if err := CheckLoopback(c.URL); err != nil {
 			return fmt.Errorf("URL: %w", err)
@@ -158,6 +175,18 @@ func CheckLoopback(rawURL string) error {
 
 // validToken reports whether s is an HTTP token (RFC 9110, section 5.6.2),
 // the syntax of a method.
+// validHeaderValue reports whether s may be a header field's value: no
+// control character but a tab (RFC 9110 section 5.5), so no CR or LF to
+// split it into two fields.
+func validHeaderValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
 func validToken(s string) bool {
 	for i := 0; i < len(s); i++ {
 		c := s[i]

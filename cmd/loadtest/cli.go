@@ -51,7 +51,7 @@ func usagef(format string, a ...any) error {
 // otherwise.
 func report(stderr io.Writer, name string, err error) int {
 	if errors.Is(err, flag.ErrHelp) {
-		return exitInvalid
+		return exitOK // asked for: as the proxy's and the replica's -h
 	}
 	var ue *usageError
 	if errors.As(err, &ue) {

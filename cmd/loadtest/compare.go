@@ -144,9 +144,13 @@ func parseCompareOptions(args []string, stderr io.Writer) (compareOptions, error
 		cfg.Targets = append(cfg.Targets, loadtest.Target{Name: name, URL: u, PID: pids[name], BackendPID: backendPIDs[name]})
 	}
 	for flagName, m := range map[string]pidFlag{"pid": pids, "backend-pid": backendPIDs} {
-		for name := range m {
+		for name, pid := range m {
 			if !seen[name] {
 				return compareOptions{}, usagef("-%s: %q names no target", flagName, name)
+			}
+			if _, err := loadtest.ProcCPU(pid); err != nil {
+				// Before the run, not after it (found by a tester).
+				return compareOptions{}, usagef("-%s: %s=%d: no process to read the CPU time of: %v", flagName, name, pid, err)
 			}
 		}
 	}

@@ -87,6 +87,12 @@ func parseLoad(args []string, stderr io.Writer) (loadOptions, error) {
 		return loadOptions{}, usagef("-rate: must be >= 0, got %g", *rate)
 	case *rate > 0 && set["c"]:
 		return loadOptions{}, usagef("-c: does not apply to the open loop (-rate); bound it with -max-inflight")
+	case *rate == 0 && set["max-inflight"]:
+		return loadOptions{}, usagef("-max-inflight: applies to the open loop only (-rate); the closed loop is bounded by -c")
+	case *rate == 0 && set["c"] && *n > 0 && int64(*c) > *n:
+		// As ab and hey refuse it: the report would say a concurrency
+		// the server never saw.
+		return loadOptions{}, usagef("-c: %d workers for %d requests (-n): -n must be at least -c", *c, *n)
 	case *maxInFlight < 1:
 		return loadOptions{}, usagef("-max-inflight: must be >= 1, got %d", *maxInFlight)
 	case *timeout <= 0:
@@ -99,6 +105,9 @@ func parseLoad(args []string, stderr io.Writer) (loadOptions, error) {
 		return loadOptions{}, err
 	}
 
+	if *rate == 0 && !set["c"] && *n > 0 && int64(*c) > *n {
+		*c = int(*n) // the default's workers, no more than the requests
+	}
 	cfg := loadtest.Config{
 		URL: rawURL, Method: *m, Header: h.h,
 		Requests: *n, Duration: *t, Concurrency: *c,
@@ -119,6 +128,9 @@ func parseLoad(args []string, stderr io.Writer) (loadOptions, error) {
 		// The fields not checked above, under their flags' names.
 		if strings.HasPrefix(err.Error(), "Method:") {
 			return loadOptions{}, usagef("-m: %s", strings.TrimSpace(strings.TrimPrefix(err.Error(), "Method:")))
+		}
+		if strings.HasPrefix(err.Error(), "Header:") {
+			return loadOptions{}, usagef("-H: %s", strings.TrimSpace(strings.TrimPrefix(err.Error(), "Header:")))
 		}
 		return loadOptions{}, usagef("%v", err)
 	}

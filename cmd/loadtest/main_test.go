@@ -78,7 +78,12 @@ func TestFlagErrors(t *testing.T) {
 		{"bad scheme", []string{"-n", "1", "ftp://127.0.0.1/"}, "URL: want http"},
 		{"remote host", []string{"-n", "1", "http://192.0.2.1/"}, "not loopback"},
 		{"remote name", []string{"-n", "1", "http://example.com/"}, "-allow-remote"},
-		{"help", []string{"-h"}, "usage: loadtest"},
+		// Checked before the run, not as every request's failure (found by
+		// a tester).
+		{"port out of range", []string{"-n", "1", "http://127.0.0.1:99999/"}, `URL: port "99999" is not 1 to 65535`},
+		{"CRLF in a header value", []string{"-n", "1", "-H", "X-Test: a\r\nEvil: 1", u}, "-H: the value of X-Test has a control character"},
+		{"c over n", []string{"-n", "5", "-c", "10", u}, "-c: 10 workers for 5 requests (-n): -n must be at least -c"},
+		{"max-inflight closed loop", []string{"-n", "3", "-max-inflight", "5", u}, "-max-inflight: applies to the open loop only"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, tc.args...)
@@ -293,7 +298,6 @@ func TestSoakFlags(t *testing.T) {
 		{"env syntax", []string{"-env", "NOEQUALS"}, "want KEY=VALUE"},
 		{"env addr", []string{"-env", "PROXY_ADMIN_ADDR=:9"}, "-env: PROXY_ADMIN_ADDR"},
 		{"args", []string{"extra"}, "unexpected arguments"},
-		{"help", []string{"-h"}, "usage: loadtest soak"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, _, stderr := runCmd(t, append([]string{"soak"}, tc.args...)...)
@@ -339,5 +343,25 @@ func TestReverseProxyFlags(t *testing.T) {
 		if code != exitInvalid || !strings.Contains(stderr, tc.want) {
 			t.Errorf("reverseproxy %v: exit %d, %q; want 2 with %q", tc.args, code, stderr, tc.want)
 		}
+	}
+}
+
+// -h is asked for: exit 0 with the usage, as the proxy's and the
+// replica's (it was 2, found by a tester).
+func TestHelpExitsZero(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"soak", "-h"}, {"compare", "-h"}} {
+		code, _, stderr := runCmd(t, args...)
+		if code != exitOK || !strings.Contains(stderr, "usage: loadtest") {
+			t.Errorf("loadtest %v: exit %d, stderr %q; want 0 and the usage", args, code, stderr)
+		}
+	}
+}
+
+// A -pid with no process behind it is refused before the run (it failed
+// after it, exit 1).
+func TestComparePIDChecked(t *testing.T) {
+	code, _, stderr := runCmd(t, "compare", "-pid", "a=99999999", "a=http://127.0.0.1:9/", "b=http://127.0.0.1:9/")
+	if code != exitInvalid || !strings.Contains(stderr, "-pid: a=99999999: no process") {
+		t.Errorf("exit %d, stderr %q; want 2 naming the pid", code, stderr)
 	}
 }
