@@ -28,19 +28,14 @@ func (c *Config) Warnings() []FieldError {
 			}
 			// A shell's arguments are its script: $PORT and $(cmd) are
 			// the shell's to expand.
-			shell := slices.Contains([]string{"sh", "bash", "dash", "zsh", "ksh", "ash"}, filepath.Base(d.Command[0]))
-			for k, a := range d.Command[1:] {
+			args := d.Command[1:]
+			if runsShell(d.Command) {
+				args = nil
+			}
+			for k, a := range args {
 				f := fmt.Sprintf("%s.command[%d]", field, k+1)
-				if shell {
-					continue
-				}
-				seen := map[string]bool{}
-				for _, m := range shellVar.FindAllStringSubmatch(a, -1) {
-					v := m[1] + m[2]
-					if !seen[v] {
-						seen[v] = true
-						warn(f, "$%s is passed as it is (no shell runs); write $(%s) for the replica's %s", v, v, map[string]string{"PORT": "port", "REPLICA_ID": "id"}[v])
-					}
+				for _, v := range shellVars(a) {
+					warn(f, "$%s is passed as it is (no shell runs); write $(%s) for the replica's %s", v, v, shellVarNoun[v])
 				}
 				for _, name := range unexpanded(a) {
 					warn(f, "%s", unexpandedMsg(name))
@@ -48,8 +43,13 @@ func (c *Config) Warnings() []FieldError {
 			}
 			for k, e := range d.Env {
 				_, val, _ := strings.Cut(e, "=")
+				f := fmt.Sprintf("%s.env[%d]", field, k)
 				for _, name := range unexpanded(val) {
-					warn(fmt.Sprintf("%s.env[%d]", field, k), "%s", unexpandedMsg(name))
+					warn(f, "%s", unexpandedMsg(name))
+				}
+				for _, v := range shellVars(val) {
+					// No shell reads an env value, whatever the program.
+					warn(f, "$%s is passed as it is; write $(%s) for the replica's %s", v, v, shellVarNoun[v])
 				}
 			}
 		}
@@ -61,6 +61,39 @@ func (c *Config) Warnings() []FieldError {
 // shellVar matches a shell's $PORT or ${PORT} (or REPLICA_ID's), which
 // only a shell expands.
 var shellVar = regexp.MustCompile(`\$(?:(PORT|REPLICA_ID)\b|\{(PORT|REPLICA_ID)\})`)
+
+// shellVarNoun is what each of shellVar's variables is of the replica.
+var shellVarNoun = map[string]string{"PORT": "port", "REPLICA_ID": "id"}
+
+// shellVars returns the variables of shellVar that s names, once each.
+func shellVars(s string) []string {
+	var vs []string
+	for _, m := range shellVar.FindAllStringSubmatch(s, -1) {
+		if v := m[1] + m[2]; !slices.Contains(vs, v) {
+			vs = append(vs, v)
+		}
+	}
+	return vs
+}
+
+// runsShell reports whether command runs a shell, directly or through
+// env(1) (env [-flags] [NAME=VALUE...] sh -c ...): its arguments are then
+// the shell's to expand.
+func runsShell(command []string) bool {
+	shells := []string{"sh", "bash", "dash", "zsh", "ksh", "ash"}
+	for i, a := range command {
+		base := filepath.Base(a)
+		switch {
+		case slices.Contains(shells, base):
+			return true
+		case i == 0 && base == "env":
+		case i > 0 && filepath.Base(command[0]) == "env" && (strings.HasPrefix(a, "-") || strings.Contains(a, "=")):
+		default:
+			return false
+		}
+	}
+	return false
+}
 
 // varRef matches a Kubernetes-style $(NAME) reference, or its escape
 // $$(NAME).
@@ -94,9 +127,18 @@ func (e Env) overrides(c *Config, host string, port int, setRequest, setKeepAliv
 	note := func(field, format string, args ...any) {
 		c.overridden = append(c.overridden, FieldError{Line: c.Line(field), Field: field, Msg: fmt.Sprintf(format, args...)})
 	}
-	if e.HTTPAddr != "" && (c.written("http_options.host") || c.written("http_options.port")) && (host != o.Host || port != o.Port) {
-		note("http_options", "host and port (%s) are overridden by %sHTTP_ADDR=%s",
-			net.JoinHostPort(o.Host, strconv.Itoa(o.Port)), envPrefix, e.HTTPAddr)
+	if e.HTTPAddr != "" {
+		// Only what the file wrote: a default it left is no setting lost.
+		hostLost := c.written("http_options.host") && host != o.Host
+		portLost := c.written("http_options.port") && port != o.Port
+		switch {
+		case hostLost && portLost:
+			note("http_options", "host and port (%s) are overridden by %sHTTP_ADDR=%s", net.JoinHostPort(o.Host, strconv.Itoa(o.Port)), envPrefix, e.HTTPAddr)
+		case hostLost:
+			note("http_options.host", "%s is overridden by %sHTTP_ADDR=%s", o.Host, envPrefix, e.HTTPAddr)
+		case portLost:
+			note("http_options.port", "%d is overridden by %sHTTP_ADDR=%s", o.Port, envPrefix, e.HTTPAddr)
+		}
 	}
 	if setRequest && c.written("http_options.request_timeout_s") && e.RequestTimeout.Seconds() != o.RequestTimeoutS {
 		note("http_options.request_timeout_s", "%v is overridden by %sREQUEST_TIMEOUT=%v", o.RequestTimeoutS, envPrefix, e.RequestTimeout)

@@ -19,6 +19,10 @@ applications:
         handler: command
         command: [./server, "$${PORT}", "$(REPLICA_ID)", "$$(LITERAL)", "$(A)$(B)", "$PORTAL", "$REPLICA_ID"]
         env: ["HOME_DIR=$(HOME)", "ID=$(REPLICA_ID)"]
+      - name: envsh
+        handler: command
+        command: [env, -i, X=1, sh, -c, "exec ./server --port $PORT"]
+        env: ["D=$PORT"]
 `
 	for _, tt := range []struct {
 		name    string
@@ -31,6 +35,9 @@ applications:
 			`line 11: applications[0].deployments[1].command[4]: $(B) is passed`,
 			`line 11: applications[0].deployments[1].command[6]: $REPLICA_ID is passed as it is (no shell runs); write $(REPLICA_ID) for the replica's id`,
 			`line 12: applications[0].deployments[1].env[0]: $(HOME) is passed`,
+			// env(1) running a shell is a shell (found by a tester); no
+			// shell reads an env value.
+			`line 16: applications[0].deployments[2].env[0]: $PORT is passed as it is; write $(PORT) for the replica's port`,
 		}},
 		{"the same values in the environment", map[string]string{
 			"PROXY_HTTP_ADDR": "127.0.0.1:8000", "PROXY_REQUEST_TIMEOUT": "30s", "PROXY_KEEP_ALIVE_TIMEOUT": "90s",
@@ -38,7 +45,9 @@ applications:
 		{"others", map[string]string{
 			"PROXY_HTTP_ADDR": "0.0.0.0:8000", "PROXY_REQUEST_TIMEOUT": "0s", "PROXY_KEEP_ALIVE_TIMEOUT": "5s",
 		}, []string{
-			`line 1: http_options: host and port (127.0.0.1:8000) are overridden by PROXY_HTTP_ADDR=0.0.0.0:8000`,
+			// The port is the same: only the host is lost (a default the
+			// file left out was named as lost too, found by a tester).
+			`line 1: http_options.host: 127.0.0.1 is overridden by PROXY_HTTP_ADDR=0.0.0.0:8000`,
 			`line 1: http_options.request_timeout_s: 30 is overridden by PROXY_REQUEST_TIMEOUT=0s`,
 			`line 1: http_options.keep_alive_timeout_s: 90 is overridden by PROXY_KEEP_ALIVE_TIMEOUT=5s`,
 		}},

@@ -1006,7 +1006,7 @@ applications:
 	vars := map[string]string{"PROXY_GC_TUNING": "false", "PROXY_GC_PERCENT": "50"}
 	res := runProxy(t, vars, "-check", "-config", path)
 	wants := []string{
-		path + ":1: http_options: host and port (127.0.0.1:19999) are overridden by PROXY_HTTP_ADDR=",
+		path + ":1: http_options.port: 19999 is overridden by PROXY_HTTP_ADDR=",
 		path + ":8: applications[0].deployments[0].command[3]: $(NOPE) is passed as it is: only $(PORT) and $(REPLICA_ID) are replaced",
 		path + ":8: applications[0].deployments[0].command[5]: $PORT is passed as it is (no shell runs)",
 		path + ":9: applications[0].deployments[0].env[0]: $(PROT) is passed as it is",
