@@ -346,9 +346,12 @@ func (h *Host) serveConn(nc net.Conn) {
 		return
 	}
 	h.conns[c] = struct{}{}
+	n := len(h.conns)
 	h.mu.Unlock()
 	go c.w.run()
-	h.log.Debug().Str("peer", c.remote).Msg("replica host: proxy connected")
+	// At Info: an operator wants to see which proxies reach the host,
+	// and when they leave (found by a tester: Debug only).
+	h.log.Info().Str("peer", c.remote).Int("connections", n).Msg("replica host: proxy connected")
 
 	err = c.readLoop()
 	c.shut(err)
@@ -356,11 +359,12 @@ func (h *Host) serveConn(nc net.Conn) {
 	<-c.w.done
 	h.mu.Lock()
 	delete(h.conns, c)
+	n = len(h.conns)
 	h.mu.Unlock()
 	if errors.Is(err, ErrFrameTooLarge) || errors.Is(err, ErrBadFrame) {
-		h.log.Warn().Err(err).Str("peer", c.remote).Msg("replica host: protocol error; connection closed")
+		h.log.Warn().Err(err).Str("peer", c.remote).Int("connections", n).Msg("replica host: protocol error; connection closed")
 	} else {
-		h.log.Debug().Err(err).Str("peer", c.remote).Msg("replica host: proxy disconnected")
+		h.log.Info().Err(err).Str("peer", c.remote).Int("connections", n).Msg("replica host: proxy disconnected")
 	}
 }
 

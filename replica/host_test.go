@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 )
 
@@ -763,4 +764,20 @@ func TestHostVia(t *testing.T) {
 	if got := w.h.Values("Via"); len(got) != 1 || got[0] != "1.1 app, 1.1 serveproxy" {
 		t.Errorf("response Via = %q, want one line", got)
 	}
+}
+
+// A host logs, at Info, each proxy connection it takes and loses, with
+// how many it holds (it was at Debug, found by a tester: an operator could
+// not see which proxies reached it).
+func TestHostLogsProxyConnections(t *testing.T) {
+	logs := &syncBuffer{}
+	_, addr := startHost(t, HostConfig{Factory: NewStatic, Replicas: 1, MaxOngoing: 1, Log: zerolog.New(logs).Level(zerolog.InfoLevel)})
+	c := connect(t, addr, HostOptions{})
+	eventually(t, "the connection logged", func() bool {
+		return strings.Contains(logs.String(), `"message":"replica host: proxy connected"`)
+	})
+	c.Close()
+	eventually(t, "the disconnection logged", func() bool {
+		return strings.Contains(logs.String(), `"connections":0,"message":"replica host: proxy disconnected"`)
+	})
 }

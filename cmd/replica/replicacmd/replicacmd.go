@@ -32,8 +32,9 @@
 // (PROXY_LOG_LEVEL, PROXY_LOG_FORMAT). It prints "listening on ADDR" to
 // stdout once the socket is bound, so scripts can wait for that line. On
 // SIGTERM or SIGINT it refuses new requests (the proxies send them to other
-// replicas), waits up to -grace for those it holds, and exits 0. SIGHUP is
-// logged and ignored: a host reloads nothing.
+// replicas), waits up to -grace for those it holds, and exits 0, or 1 if
+// some were still running at -grace and were cut. SIGHUP is logged and
+// ignored: a host reloads nothing.
 package replicacmd
 
 import (
@@ -127,6 +128,18 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 	if *grace < 0 {
 		fmt.Fprintf(stderr, "replica: -grace: must be >= 0, got %v\n", *grace)
 		return exitInvalid
+	}
+	if *configPath == "" && *deployment == "" {
+		// Under the flags' names, not the fields NewHost names (found by
+		// a tester: "-max-ongoing 0" read "max_ongoing_requests").
+		switch {
+		case *replicas < 1 || *replicas > 0xffff:
+			fmt.Fprintf(stderr, "replica: -replicas: must be 1 to 65535, got %d\n", *replicas)
+			return exitInvalid
+		case *maxOngoing < 1 || int64(*maxOngoing) > 0xffffffff:
+			fmt.Fprintf(stderr, "replica: -max-ongoing: must be 1 to %d, got %d\n", int64(0xffffffff), *maxOngoing)
+			return exitInvalid
+		}
 	}
 	if *configPath != "" || *deployment != "" {
 		set := map[string]bool{}
