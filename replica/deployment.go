@@ -228,6 +228,12 @@ type Deployment struct {
 	wake   chan struct{} // asks the starter for missing replicas; buffered
 	// checkNow asks the health loop for a round at once; buffered.
 	checkNow chan struct{}
+	// healthPeriod and healthTimeout are spec's HealthCheckPeriod and
+	// HealthCheckTimeout, read where d.mu is not held and changed by
+	// SetHealthChecks (which kicks healthReset, buffered, for the loop's
+	// ticker).
+	healthPeriod, healthTimeout atomic.Int64
+	healthReset                 chan struct{}
 }
 
 // NewDeployment builds the deployment's replicas: spec.NumReplicas from
@@ -259,7 +265,10 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 		renewWarned:   make(map[string]time.Time),
 		wake:          make(chan struct{}, 1),
 		checkNow:      make(chan struct{}, 1),
+		healthReset:   make(chan struct{}, 1),
 	}
+	d.healthPeriod.Store(int64(spec.HealthCheckPeriod))
+	d.healthTimeout.Store(int64(spec.HealthCheckTimeout))
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	startCtx, cancelStart := context.WithCancel(d.ctx)
 	defer cancelStart()
@@ -348,7 +357,7 @@ func (d *Deployment) Start() {
 	d.wg.Add(1)
 	go d.starter(d.ctx)
 	d.kick() // for replicas that failed to start in NewDeployment
-	if d.spec.HealthCheckPeriod > 0 {
+	if d.healthPeriod.Load() > 0 {
 		d.wg.Add(1)
 		go d.healthLoop(d.ctx)
 	}

@@ -14,12 +14,14 @@ import (
 // done, and replaces the ones taken out.
 func (d *Deployment) healthLoop(ctx context.Context) {
 	defer d.wg.Done()
-	t := time.NewTicker(d.spec.HealthCheckPeriod)
+	t := time.NewTicker(time.Duration(d.healthPeriod.Load()))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-d.healthReset:
+			t.Reset(time.Duration(d.healthPeriod.Load()))
 		case <-t.C:
 			d.startRepair(ctx)
 			d.checkHealth(ctx)
@@ -29,6 +31,30 @@ func (d *Deployment) healthLoop(ctx context.Context) {
 			d.checkHealth(ctx)
 		}
 	}
+}
+
+// SetHealthChecks changes the deployment's health_check_period_s and
+// health_check_timeout_s live, as Serve's light updates do: the next round
+// comes one new period from now, and checks and starts from now on are
+// bounded by the new timeout. Both must be above 0, and the deployment
+// must have had checks (a period above 0) from the start.
+func (d *Deployment) SetHealthChecks(period, timeout time.Duration) error {
+	switch {
+	case period <= 0 || timeout <= 0:
+		return fmt.Errorf("SetHealthChecks: period %v and timeout %v must be above 0", period, timeout)
+	case d.healthPeriod.Load() <= 0:
+		return errors.New("SetHealthChecks: the deployment was started without health checks")
+	}
+	d.mu.Lock()
+	d.spec.HealthCheckPeriod, d.spec.HealthCheckTimeout = period, timeout // for Spec
+	d.healthPeriod.Store(int64(period))
+	d.healthTimeout.Store(int64(timeout))
+	d.mu.Unlock()
+	select {
+	case d.healthReset <- struct{}{}:
+	default: // the loop has one to take already
+	}
+	return nil
 }
 
 // CheckHealthNow asks for a round of health checks at once rather than at
@@ -67,7 +93,8 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 		return
 	}
 	started := time.Now()
-	cctx, cancel := context.WithTimeout(ctx, d.spec.HealthCheckTimeout)
+	timeout := time.Duration(d.healthTimeout.Load())
+	cctx, cancel := context.WithTimeout(ctx, timeout)
 	results := d.broadcastTo(cctx, Call{Method: MethodCheckHealth}, pool, targets)
 	cancel()
 	if ctx.Err() != nil {
@@ -76,7 +103,7 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 	for i, r := range results {
 		err := r.Err
 		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("no answer within health_check_timeout_s (%v): %w", d.spec.HealthCheckTimeout, err)
+			err = fmt.Errorf("no answer within health_check_timeout_s (%v): %w", timeout, err)
 		}
 		d.recordHealth(targets[i], err, started)
 	}

@@ -77,3 +77,35 @@ func TestHealthFailuresLogBounded(t *testing.T) {
 	})
 	eventually(t, "the replica back in routing", func() bool { return d.Running() == 1 })
 }
+
+// SetHealthChecks changes the period and the timeout live, as Serve's
+// light updates do: a deployment checked once an hour is checked at once
+// every 20 ms, and Spec says so.
+func TestSetHealthChecks(t *testing.T) {
+	leakCheck(t)
+	var checks atomic.Int32
+	backend := newBackend(t, func(w http.ResponseWriter, r *http.Request) { checks.Add(1) })
+	spec := DeploymentSpec{App: "app", Name: "dep", Targets: []string{backend.URL}, MaxOngoingRequests: 1,
+		HealthCheckPeriod: time.Hour, HealthCheckTimeout: time.Second, GracefulShutdownTimeout: time.Second,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			r, err := NewUpstreamReplica(id, target, UpstreamOptions{MaxOngoing: 1, OnRelease: onRelease})
+			return []Replica{r}, err
+		}}
+	d, err := NewDeployment(context.Background(), spec, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	if err := d.SetHealthChecks(0, time.Second); err == nil {
+		t.Error("SetHealthChecks took a period of 0")
+	}
+	before := checks.Load()
+	if err := d.SetHealthChecks(20*time.Millisecond, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "checks every 20 ms", func() bool { return checks.Load() >= before+5 })
+	if s := d.Spec(); s.HealthCheckPeriod != 20*time.Millisecond || s.HealthCheckTimeout != 2*time.Second {
+		t.Errorf("Spec: period %v, timeout %v", s.HealthCheckPeriod, s.HealthCheckTimeout)
+	}
+}

@@ -79,16 +79,17 @@ func (d *Deployment) newReplica(ctx context.Context, userConfig json.RawMessage)
 		}
 	}()
 	if d.spec.Start != nil {
-		if d.spec.HealthCheckTimeout > 0 {
+		timeout := time.Duration(d.healthTimeout.Load())
+		if timeout > 0 {
 			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, d.spec.HealthCheckTimeout)
+			ctx, cancel = context.WithTimeout(ctx, timeout)
 			defer cancel()
 		}
 		r, err = d.spec.Start(ctx, id, d.hooks.OnRelease)
-		if err != nil && d.spec.HealthCheckTimeout > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) && errors.Is(err, context.DeadlineExceeded) {
+		if err != nil && timeout > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) && errors.Is(err, context.DeadlineExceeded) {
 			// Say which setting gave up: a slow start (a model that
 			// loads for a minute) needs a larger one.
-			err = fmt.Errorf("%w; a replica's start is bounded by health_check_timeout_s (%v)", err, d.spec.HealthCheckTimeout)
+			err = fmt.Errorf("%w; a replica's start is bounded by health_check_timeout_s (%v)", err, timeout)
 		}
 	} else {
 		var h Handler

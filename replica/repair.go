@@ -334,7 +334,7 @@ func (d *Deployment) giveGC(ctx context.Context, rs []Replica, why string) {
 // broadcastBounded sends c to rs, one batched broadcast bounded by
 // health_check_timeout_s, and returns their results in rs's order.
 func (d *Deployment) broadcastBounded(ctx context.Context, rs []Replica, c Call) []Result {
-	ctx, cancel := context.WithTimeout(ctx, d.spec.HealthCheckTimeout)
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(d.healthTimeout.Load()))
 	defer cancel()
 	actors := make([]Actor, len(rs))
 	for i, r := range rs {

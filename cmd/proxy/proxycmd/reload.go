@@ -257,14 +257,14 @@ type startPendingError struct{ err error }
 func (e *startPendingError) Error() string { return e.err.Error() }
 
 // liveFields are the deployment fields a reload changes in place.
-var liveFields = []string{"user_config", "num_replicas", "upstreams", "hosts"}
+var liveFields = []string{"user_config", "num_replicas", "upstreams", "hosts", "health_check_period_s", "health_check_timeout_s"}
 
 // plan compares next with what runs: the live changes to make, or the
 // changes that take a restart, one line each naming the field.
 func (rl *reloader) plan(next *config.Config) (changes []change, restart []string) {
 	cur := rl.running
 	needs := func(field, what string) {
-		restart = append(restart, fieldError(next, rl.path, field, fmt.Errorf("%s; that takes a restart (a reload changes user_config, num_replicas of in-process and command deployments, upstreams and hosts)", what)).Error())
+		restart = append(restart, fieldError(next, rl.path, field, fmt.Errorf("%s; that takes a restart (a reload changes user_config, num_replicas of in-process and command deployments, upstreams, hosts, health_check_period_s and health_check_timeout_s)", what)).Error())
 	}
 	for _, f := range changedFields(cur.HTTPOptions, next.HTTPOptions) {
 		needs("http_options."+f.name, f.what())
@@ -404,6 +404,13 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 				return err
 			},
 			applied: func() { rl.fileConfigs[i][j] = true }})
+	}
+	if period, timeout := nd.HealthCheckPeriod(), nd.HealthCheckTimeout(); period != spec.HealthCheckPeriod || timeout != spec.HealthCheckTimeout {
+		// Before a scale, whose new replicas' starts the timeout bounds.
+		out = append(out, change{dep: dep,
+			what: fmt.Sprintf("%s: health_check_period_s from %v to %v, health_check_timeout_s from %v to %v", name,
+				spec.HealthCheckPeriod.Seconds(), period.Seconds(), spec.HealthCheckTimeout.Seconds(), timeout.Seconds()),
+			apply: func(_ context.Context, d *proxy.Deployment) error { return d.SetHealthChecks(period, timeout) }})
 	}
 	if dep.Replaces() && nd.NumReplicas != spec.NumReplicas {
 		n := nd.NumReplicas
