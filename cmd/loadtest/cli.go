@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"time"
 )
 
 // Exit codes.
@@ -85,4 +86,31 @@ func explicit(fs *flag.FlagSet) map[string]bool {
 	set := make(map[string]bool)
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	return set
+}
+
+// durationValue is a flag.Value for a time.Duration whose error says what
+// a duration looks like: the flag package's own reads "parse error" for a
+// bare "5" (found by a tester).
+type durationValue time.Duration
+
+// String implements flag.Value.
+func (d *durationValue) String() string { return time.Duration(*d).String() }
+
+// Set implements flag.Value.
+func (d *durationValue) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration with its unit, such as 10s, 1m30s or 500ms")
+	}
+	*d = durationValue(v)
+	return nil
+}
+
+// duration defines a duration flag as fs.Duration does, with durationValue's
+// error.
+func duration(fs *flag.FlagSet, name string, value time.Duration, usage string) *time.Duration {
+	p := new(time.Duration)
+	*p = value
+	fs.Var((*durationValue)(p), name, usage)
+	return p
 }

@@ -72,9 +72,9 @@ func parseCompareOptions(args []string, stderr io.Writer) (compareOptions, error
 		defaultTool = loadtest.ToolWrk
 	}
 	rounds := fs.Int("rounds", 5, "rounds (every target once per round)")
-	d := fs.Duration("t", 10*time.Second, "length of each run")
+	d := duration(fs, "t", 10*time.Second, "length of each run")
 	c := fs.Int("c", 100, "connections")
-	warmup := fs.Duration("warmup", 2*time.Second, "a run per target before the rounds, not counted (0: none)")
+	warmup := duration(fs, "warmup", 2*time.Second, "a run per target before the rounds, not counted (0: none)")
 	tool := fs.String("tool", string(defaultTool), "load generator: wrk (wrk -t1 -cC -dD --latency) or builtin (the default is wrk if it is on PATH)")
 	pids := pidFlag{}
 	fs.Var(pids, "pid", "`name=PID` of a target's server process, to report its CPU time per request (repeatable)")

@@ -64,7 +64,7 @@ func TestFlagErrors(t *testing.T) {
 		{"negative n", []string{"-n", "-1", u}, "-n: must be >= 0"},
 		{"zero c", []string{"-n", "1", "-c", "0", u}, "-c: must be >= 1"},
 		{"bad c", []string{"-c", "many", u}, `invalid value "many" for flag -c`},
-		{"bad t", []string{"-t", "10", u}, `invalid value "10" for flag -t`},
+		{"bad t", []string{"-t", "10", u}, `invalid value "10" for flag -t: want a duration with its unit, such as 10s`},
 		{"negative t", []string{"-t", "-1s", u}, "-t: must be >= 0"},
 		{"unknown flag", []string{"-z", u}, "flag provided but not defined: -z"},
 		{"bad header", []string{"-n", "1", "-H", "NoColon", u}, `for flag -H: want "Key: Value"`},

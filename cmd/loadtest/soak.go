@@ -50,9 +50,9 @@ func parseSoak(args []string, stderr io.Writer) (soakOptions, error) {
 	}
 	proxyPath := fs.String("proxy", "", "proxy `binary` (default: go build "+proxyPackage+" into a temp dir)")
 	rate := fs.Float64("rate", loadtest.DefaultSoakRate, "open-loop requests/s")
-	d := fs.Duration("t", loadtest.DefaultSoakDuration, "length of the load")
-	every := fs.Duration("every", loadtest.DefaultSoakEvery, "time between samples")
-	warmup := fs.Duration("warmup", loadtest.DefaultSoakWarmup, "the drift is measured from the first sample at or after this (at most -t/2 unless given)")
+	d := duration(fs, "t", loadtest.DefaultSoakDuration, "length of the load")
+	every := duration(fs, "every", loadtest.DefaultSoakEvery, "time between samples")
+	warmup := duration(fs, "warmup", loadtest.DefaultSoakWarmup, "the drift is measured from the first sample at or after this (at most -t/2 unless given)")
 	env := envFlag{}
 	fs.Var(env, "env", "`KEY=VALUE` in the proxy's environment, where every other PROXY_*, GOGC and GOMEMLIMIT is unset (repeatable)")
 	keepLogs := fs.Bool("keep-logs", false, "keep the proxy's log (and print where)")
