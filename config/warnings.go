@@ -81,15 +81,15 @@ func shellVars(s string) []string {
 // the shell's to expand.
 func runsShell(command []string) bool {
 	shells := []string{"sh", "bash", "dash", "zsh", "ksh", "ash"}
+	viaEnv := len(command) > 0 && filepath.Base(command[0]) == "env"
 	for i, a := range command {
-		base := filepath.Base(a)
 		switch {
-		case slices.Contains(shells, base):
-			return true
-		case i == 0 && base == "env":
-		case i > 0 && filepath.Base(command[0]) == "env" && (strings.HasPrefix(a, "-") || strings.Contains(a, "=")):
+		case i == 0 && viaEnv:
+		case i > 0 && viaEnv && (strings.HasPrefix(a, "-") || strings.Contains(a, "=")):
+			// env's flags and assignments (SHELL=/bin/sh is no shell run;
+			// found by review)
 		default:
-			return false
+			return slices.Contains(shells, filepath.Base(a))
 		}
 	}
 	return false

@@ -99,3 +99,21 @@ func TestIgnoredEnv(t *testing.T) {
 		}
 	}
 }
+
+func TestRunsShell(t *testing.T) {
+	for _, tt := range []struct {
+		command []string
+		want    bool
+	}{
+		{[]string{"sh", "-c", "x"}, true},
+		{[]string{"/bin/bash", "-c", "x"}, true},
+		{[]string{"env", "-i", "X=1", "sh", "-c", "x"}, true},
+		{[]string{"env", "SHELL=/bin/sh", "./server"}, false}, // found by review
+		{[]string{"./server", "env", "sh"}, false},
+		{[]string{"python3", "server.py"}, false},
+	} {
+		if got := runsShell(tt.command); got != tt.want {
+			t.Errorf("runsShell(%q) = %v, want %v", tt.command, got, tt.want)
+		}
+	}
+}

@@ -173,8 +173,6 @@ func CheckLoopback(rawURL string) error {
 	return fmt.Errorf("host %q is not loopback (127.0.0.1, ::1, localhost); this project only load tests loopback", host)
 }
 
-// validToken reports whether s is an HTTP token (RFC 9110, section 5.6.2),
-// the syntax of a method.
 // validHeaderValue reports whether s may be a header field's value: no
 // control character but a tab (RFC 9110 section 5.5), so no CR or LF to
 // split it into two fields.
@@ -187,6 +185,8 @@ func validHeaderValue(s string) bool {
 	return true
 }
 
+// validToken reports whether s is an HTTP token (RFC 9110, section 5.6.2),
+// the syntax of a method.
 func validToken(s string) bool {
 	for i := 0; i < len(s); i++ {
 		c := s[i]

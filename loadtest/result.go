@@ -98,8 +98,9 @@ func (r *Result) finish() {
 }
 
 // Latency returns the latency under which q percent of the responses came
-// (0 < q <= 100), to the histogram's precision; 100 is the exact maximum,
-// and 0 is returned when there were no responses.
+// (0 < q <= 100), the Cancelled requests counted at their ages, to the
+// histogram's precision; 100 is the exact maximum, and 0 is returned when
+// there were neither.
 func (r *Result) Latency(q float64) time.Duration {
 	if r.hist == nil || r.hist.TotalCount() == 0 {
 		return 0
@@ -163,7 +164,11 @@ func (r *Result) WriteText(w io.Writer) error {
 	p("\nLatency (ms)\n")
 	p("              min    mean     max\n")
 	p("Total:   %7.3f %7.3f %7.3f\n", ms(r.Min), ms(r.Mean), ms(r.Max))
-	p("\nPercentage of the requests served within a certain time (ms)\n")
+	if r.Cancelled > 0 {
+		p("\nPercentage of the requests served (or, cancelled, waiting) within a certain time (ms)\n")
+	} else {
+		p("\nPercentage of the requests served within a certain time (ms)\n")
+	}
 	for _, pc := range r.Percentiles {
 		label := strconv.FormatFloat(pc.Quantile, 'f', -1, 64) + "%"
 		p("%6s  %9.3f", label, ms(pc.Latency))

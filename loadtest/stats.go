@@ -91,7 +91,6 @@ func (t *tally) response(status int, latency time.Duration, n int64) {
 	t.mu.Unlock()
 }
 
-// failure records a request that got no whole response.
 // unfinished records a request cancelled at the run's end at its age
 // then, a lower bound of its latency, in the percentiles and the maximum
 // (not in the mean, which is the responses'): a server that stalls at the
@@ -105,6 +104,7 @@ func (t *tally) unfinished(age time.Duration) {
 	t.mu.Unlock()
 }
 
+// failure records a request that got no whole response.
 func (t *tally) failure(key string) {
 	t.mu.Lock()
 	t.failed++

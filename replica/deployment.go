@@ -328,7 +328,8 @@ func (d *Deployment) App() string { return d.spec.App }
 func (d *Deployment) Name() string { return d.spec.Name }
 
 // Spec returns the deployment's spec as it is now: NumReplicas and
-// UserConfig follow Scale and Reconfigure.
+// UserConfig follow Scale and Reconfigure, HealthCheckPeriod and
+// HealthCheckTimeout SetHealthChecks.
 func (d *Deployment) Spec() DeploymentSpec {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -47,9 +47,12 @@ func (d *Deployment) SetHealthChecks(period, timeout time.Duration) error {
 	}
 	d.mu.Lock()
 	d.spec.HealthCheckPeriod, d.spec.HealthCheckTimeout = period, timeout // for Spec
-	d.healthPeriod.Store(int64(period))
 	d.healthTimeout.Store(int64(timeout))
+	changed := d.healthPeriod.Swap(int64(period)) != int64(period)
 	d.mu.Unlock()
+	if !changed {
+		return nil // the next round stays where it was
+	}
 	select {
 	case d.healthReset <- struct{}{}:
 	default: // the loop has one to take already

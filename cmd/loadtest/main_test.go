@@ -170,8 +170,16 @@ func TestRunLoadNothingAnswered(t *testing.T) {
 	addr := ln.Addr().String()
 	_ = ln.Close()
 	code, _, stderr := runCmd(t, "-n", "20", "-c", "2", "http://"+addr+"/")
-	if code != exitFailed || !strings.Contains(stderr, "no request got a response (20 failed)") {
+	if code != exitFailed || !strings.Contains(stderr, "no request got a response (20 failed, 0 cancelled at the end)") {
 		t.Fatalf("exit %d, stderr %q; want 1 saying no request got a response", code, stderr)
+	}
+	// A server that answers nothing: every request cancelled at the end
+	// exited 0 (found by review).
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
+	t.Cleanup(hung.Close)
+	code, _, stderr = runCmd(t, "-q", "-t", "200ms", "-c", "2", "-timeout", "300ms", hung.URL)
+	if code != exitFailed || !strings.Contains(stderr, "no request got a response") {
+		t.Fatalf("against a hung server: exit %d, stderr %q; want 1", code, stderr)
 	}
 }
 

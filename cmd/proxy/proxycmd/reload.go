@@ -28,7 +28,8 @@ const reloadTimeout = 30 * time.Second
 // reloader applies the config file again to the running proxy, on SIGHUP
 // or POST /-/reload, as Serve's `serve deploy` of a changed file does its
 // light updates: a deployment's user_config (reconfigure), num_replicas
-// (scale) and its upstreams or hosts list change in place. A change to
+// (scale), health checks (SetHealthChecks) and its upstreams or hosts list
+// change in place. A change to
 // anything else takes a restart: a file that holds one, or any problem,
 // changes nothing and says what.
 //
@@ -407,9 +408,14 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 	}
 	if period, timeout := nd.HealthCheckPeriod(), nd.HealthCheckTimeout(); period != spec.HealthCheckPeriod || timeout != spec.HealthCheckTimeout {
 		// Before a scale, whose new replicas' starts the timeout bounds.
-		out = append(out, change{dep: dep,
-			what: fmt.Sprintf("%s: health_check_period_s from %v to %v, health_check_timeout_s from %v to %v", name,
-				spec.HealthCheckPeriod.Seconds(), period.Seconds(), spec.HealthCheckTimeout.Seconds(), timeout.Seconds()),
+		var what []string
+		if period != spec.HealthCheckPeriod {
+			what = append(what, fmt.Sprintf("health_check_period_s from %v to %v", spec.HealthCheckPeriod.Seconds(), period.Seconds()))
+		}
+		if timeout != spec.HealthCheckTimeout {
+			what = append(what, fmt.Sprintf("health_check_timeout_s from %v to %v", spec.HealthCheckTimeout.Seconds(), timeout.Seconds()))
+		}
+		out = append(out, change{dep: dep, what: name + ": " + strings.Join(what, ", "),
 			apply: func(_ context.Context, d *proxy.Deployment) error { return d.SetHealthChecks(period, timeout) }})
 	}
 	if dep.Replaces() && nd.NumReplicas != spec.NumReplicas {
