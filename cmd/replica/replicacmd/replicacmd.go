@@ -141,14 +141,16 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 			return exitInvalid
 		}
 	}
+	var fieldAt func(field string) string // in the file, with -config
 	if *configPath != "" || *deployment != "" {
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-		d, err := fromConfig(*configPath, *deployment, set)
+		d, where, err := fromConfig(*configPath, *deployment, set)
 		if err != nil {
 			fmt.Fprintf(stderr, "replica: %v\n", err)
 			return exitInvalid
 		}
+		fieldAt = where
 		*handler, *replicas, *maxOngoing, *name = d.HostHandler, d.NumReplicas, d.MaxOngoingRequests, d.Name
 		*userConfig, *grace = string(d.UserConfig), d.GracefulShutdownTimeout()
 	}
@@ -165,9 +167,8 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 	}
 	// What the file gave is named as the file's, not as a flag not given.
 	handlerFrom, configFrom := "-handler", "-user-config"
-	if *configPath != "" {
-		handlerFrom = fmt.Sprintf("%s: deployment %s: host_handler", *configPath, *deployment)
-		configFrom = fmt.Sprintf("%s: deployment %s: user_config", *configPath, *deployment)
+	if fieldAt != nil {
+		handlerFrom, configFrom = fieldAt("host_handler"), fieldAt("user_config")
 	}
 	factory, err := reg.Lookup(*handler)
 	if err != nil {
@@ -214,8 +215,9 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 		Replicas: *replicas, MaxOngoing: *maxOngoing, GC: gc, Log: log,
 	})
 	if err != nil {
-		if *configPath != "" {
-			err = fmt.Errorf("with %s's deployment %s: %w", *configPath, *deployment, err)
+		if fieldAt != nil {
+			// The factory's refusal is of the user_config: its line.
+			err = fmt.Errorf("%s (deployment %s): %w", fieldAt("user_config"), *deployment, err)
 		}
 		fmt.Fprintf(stderr, "replica: %v\n", err)
 		return exitInvalid
@@ -326,36 +328,42 @@ func isLoopback(a net.Addr) bool {
 // which must say what its hosts run (handler: host, host_handler). set
 // holds the flags given: those the file gives too are an error, so that
 // nothing is silently overridden.
-func fromConfig(path, appDep string, set map[string]bool) (config.Deployment, error) {
+func fromConfig(path, appDep string, set map[string]bool) (config.Deployment, func(field string) string, error) {
 	if path == "" || appDep == "" {
-		return config.Deployment{}, errors.New("-config and -deployment go together")
+		return config.Deployment{}, nil, errors.New("-config and -deployment go together")
 	}
 	for _, f := range []string{"handler", "replicas", "max-ongoing", "user-config", "grace", "name"} {
 		if set[f] {
-			return config.Deployment{}, fmt.Errorf("-%s: not with -config (the file's deployment gives it)", f)
+			return config.Deployment{}, nil, fmt.Errorf("-%s: not with -config (the file's deployment gives it)", f)
 		}
 	}
 	app, name, ok := strings.Cut(appDep, "/")
 	if !ok || app == "" || name == "" {
-		return config.Deployment{}, fmt.Errorf("-deployment: want app/name, got %q", appDep)
+		return config.Deployment{}, nil, fmt.Errorf("-deployment: want app/name, got %q", appDep)
 	}
 	cfg, err := config.Load(path)
 	if err != nil {
-		return config.Deployment{}, fmt.Errorf("-config: %w", err)
+		return config.Deployment{}, nil, fmt.Errorf("-config: %w", err)
 	}
-	for _, a := range cfg.Applications {
+	for ai, a := range cfg.Applications {
 		if a.Name != app {
 			continue
 		}
-		for _, d := range a.Deployments {
+		for di, d := range a.Deployments {
 			if d.Name != name {
 				continue
 			}
 			if d.Handler != config.HandlerHost || d.HostHandler == "" {
-				return config.Deployment{}, fmt.Errorf("-deployment %s: in %s it is not handler: host with a host_handler (what the hosts run)", appDep, path)
+				return config.Deployment{}, nil, fmt.Errorf("-deployment %s: in %s it is not handler: host with a host_handler (what the hosts run)", appDep, path)
 			}
-			return d, nil
+			// Where a field of the deployment is, as proxy -check says it
+			// (its errors had no line, found by a tester).
+			where := func(field string) string {
+				f := fmt.Sprintf("applications[%d].deployments[%d].%s", ai, di, field)
+				return config.FieldError{File: path, Line: cfg.Line(f), Field: f}.Error()
+			}
+			return d, where, nil
 		}
 	}
-	return config.Deployment{}, fmt.Errorf("-deployment %s: no such deployment in %s", appDep, path)
+	return config.Deployment{}, nil, fmt.Errorf("-deployment %s: no such deployment in %s", appDep, path)
 }

@@ -480,8 +480,10 @@ func TestRunFromConfig(t *testing.T) {
 		{[]string{"-config", path, "-deployment", "hi/plain"}, "not handler: host with a host_handler"},
 		{[]string{"-config", path, "-deployment", "hi/hi", "-replicas", "3"}, "-replicas: not with -config"},
 		{[]string{"-config", "/nonexistent.yaml", "-deployment", "hi/hi"}, "-config:"},
-		{[]string{"-config", nope, "-deployment", "hi/hi"}, nope + `: deployment hi/hi: host_handler: unknown handler "nope" (this binary's kinds: echo, sleep, static)`},
-		{[]string{"-config", badConfig, "-deployment", "hi/hi"}, "with " + badConfig + "'s deployment hi/hi: "},
+		// With the field's line, as proxy -check says it (found by a
+		// tester).
+		{[]string{"-config", nope, "-deployment", "hi/hi"}, nope + `:8: applications[0].deployments[0].host_handler: unknown handler "nope" (this binary's kinds: echo, sleep, static)`},
+		{[]string{"-config", badConfig, "-deployment", "hi/hi"}, badConfig + `:11: applications[0].deployments[0].user_config (deployment hi/hi): replica host: static: user_config: unknown field "colour"`},
 	} {
 		var stderr strings.Builder
 		if got := run(context.Background(), tt.args, map[string]string{"PROXY_GC_TUNING": "false"}, io.Discard, &stderr); got != exitInvalid || !strings.Contains(stderr.String(), tt.want) {
