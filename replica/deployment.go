@@ -234,6 +234,9 @@ type Deployment struct {
 	// ticker).
 	healthPeriod, healthTimeout atomic.Int64
 	healthReset                 chan struct{}
+	// grace is spec's GracefulShutdownTimeout, read where d.mu is not
+	// held and changed by SetGracefulShutdownTimeout.
+	grace atomic.Int64
 }
 
 // NewDeployment builds the deployment's replicas: spec.NumReplicas from
@@ -269,6 +272,7 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 	}
 	d.healthPeriod.Store(int64(spec.HealthCheckPeriod))
 	d.healthTimeout.Store(int64(spec.HealthCheckTimeout))
+	d.grace.Store(int64(spec.GracefulShutdownTimeout))
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	startCtx, cancelStart := context.WithCancel(d.ctx)
 	defer cancelStart()
@@ -329,7 +333,8 @@ func (d *Deployment) Name() string { return d.spec.Name }
 
 // Spec returns the deployment's spec as it is now: NumReplicas and
 // UserConfig follow Scale and Reconfigure, HealthCheckPeriod and
-// HealthCheckTimeout SetHealthChecks.
+// HealthCheckTimeout SetHealthChecks, GracefulShutdownTimeout
+// SetGracefulShutdownTimeout.
 func (d *Deployment) Spec() DeploymentSpec {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -102,7 +102,39 @@ func (d *Deployment) newReplica(ctx context.Context, userConfig json.RawMessage)
 	if err != nil {
 		return nil, fmt.Errorf("application %q deployment %q: %w", d.spec.App, d.spec.Name, err)
 	}
+	if g, ok := r.(graceSetter); ok {
+		// Start's is the one it was built with: a reload may have
+		// changed it since.
+		g.SetGrace(time.Duration(d.grace.Load()))
+	}
 	return r, nil
+}
+
+// graceSetter is a replica that keeps its own grace period for its stop
+// (a process: SIGTERM, then SIGKILL after it).
+type graceSetter interface {
+	SetGrace(time.Duration)
+}
+
+// SetGracefulShutdownTimeout changes the deployment's
+// graceful_shutdown_timeout_s live, as Serve's light updates do: replicas
+// retired from now on drain for it, and processes get it between SIGTERM
+// and SIGKILL, those running now included. It must not be negative.
+func (d *Deployment) SetGracefulShutdownTimeout(grace time.Duration) error {
+	if grace < 0 {
+		return fmt.Errorf("SetGracefulShutdownTimeout: %v is negative", grace)
+	}
+	d.mu.Lock()
+	d.spec.GracefulShutdownTimeout = grace // for Spec
+	d.grace.Store(int64(grace))
+	all := slices.Concat(d.replicas, d.retired)
+	d.mu.Unlock()
+	for _, r := range all {
+		if g, ok := r.(graceSetter); ok {
+			g.SetGrace(grace)
+		}
+	}
+	return nil
 }
 
 // Starts returns how many replicas the deployment has tried to build in
@@ -202,7 +234,7 @@ func (d *Deployment) retireLocked(olds ...Replica) {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		ctx, cancel := context.WithTimeout(d.ctx, d.spec.GracefulShutdownTimeout)
+		ctx, cancel := context.WithTimeout(d.ctx, time.Duration(d.grace.Load()))
 		defer cancel()
 		ids := make([]string, len(batch))
 		for i, old := range batch {

@@ -152,3 +152,52 @@ func TestStopCutsAScaleShort(t *testing.T) {
 		t.Fatal("the scale did not return after Stop")
 	}
 }
+
+// graceRecorder is a replica that keeps the grace it is given, as a
+// process does for its stop.
+type graceRecorder struct {
+	*Local
+	grace atomic.Int64
+}
+
+func (g *graceRecorder) SetGrace(d time.Duration) { g.grace.Store(int64(d)) }
+
+// SetGracefulShutdownTimeout changes the grace live, as Serve's light
+// updates do: the replicas running keep the new one for their stop, those
+// started after get it rather than the one they were built with, and Spec
+// says so.
+func TestSetGracefulShutdownTimeout(t *testing.T) {
+	spec := DeploymentSpec{App: "a", Name: "d", NumReplicas: 1, MaxOngoingRequests: 2,
+		GracefulShutdownTimeout: 20 * time.Second, HealthCheckTimeout: time.Second, HealthCheckPeriod: time.Hour,
+		Start: func(ctx context.Context, id string, onRelease func()) (Replica, error) {
+			g := &graceRecorder{Local: NewLocal(id, http.NotFoundHandler(), 2, onRelease)}
+			g.grace.Store(int64(20 * time.Second)) // what the builder captured
+			return g, nil
+		}}
+	d, err := NewDeployment(context.Background(), spec, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	defer d.Stop(context.Background())
+	if err := d.SetGracefulShutdownTimeout(-time.Second); err == nil {
+		t.Error("a negative grace was taken")
+	}
+	if err := d.SetGracefulShutdownTimeout(3 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := time.Duration(d.Replicas()[0].(*graceRecorder).grace.Load()); got != 3*time.Second {
+		t.Errorf("the running replica's grace is %v, want 3s", got)
+	}
+	if err := d.Scale(context.Background(), 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range d.Replicas() {
+		if got := time.Duration(r.(*graceRecorder).grace.Load()); got != 3*time.Second {
+			t.Errorf("replica %s's grace is %v, want 3s", r.ID(), got)
+		}
+	}
+	if g := d.Spec().GracefulShutdownTimeout; g != 3*time.Second {
+		t.Errorf("Spec's grace is %v", g)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -75,9 +76,13 @@ func (u *upstreamReplica) Stop(context.Context) error {
 type commandReplica struct {
 	upstreamReplica
 	proc      *Process
-	grace     time.Duration
-	healthyAt time.Time // when its first health check passed
+	grace     atomic.Int64 // between SIGTERM and SIGKILL; see SetGrace
+	healthyAt time.Time    // when its first health check passed
 }
+
+// SetGrace implements graceSetter: the wait between SIGTERM and SIGKILL
+// when it is stopped.
+func (c *commandReplica) SetGrace(grace time.Duration) { c.grace.Store(int64(grace)) }
 
 var (
 	_ Replica       = (*commandReplica)(nil)
@@ -103,7 +108,8 @@ func StartCommandReplica(ctx context.Context, id string, po ProcessOptions, uo U
 		_ = p.Stop(context.Background(), 0)
 		return nil, err
 	}
-	r := &commandReplica{upstreamReplica: upstreamReplica{u}, proc: p, grace: grace}
+	r := &commandReplica{upstreamReplica: upstreamReplica{u}, proc: p}
+	r.grace.Store(int64(grace))
 	t := time.NewTicker(healthPoll)
 	defer t.Stop()
 	var last error
@@ -146,7 +152,7 @@ func (c *commandReplica) Stop(ctx context.Context) error {
 		return nil // it exited on its own, which was logged then
 	default:
 	}
-	err := c.proc.Stop(ctx, c.grace)
+	err := c.proc.Stop(ctx, time.Duration(c.grace.Load()))
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}

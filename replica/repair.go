@@ -143,7 +143,7 @@ func (d *Deployment) renewTarget(ctx context.Context, target string) bool {
 		return false // gone from the list meanwhile
 	}
 
-	deadline := time.Now().Add(d.spec.GracefulShutdownTimeout + time.Second)
+	deadline := time.Now().Add(time.Duration(d.grace.Load()) + time.Second)
 	for d.draining(target) && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():

@@ -136,12 +136,13 @@ func TestReload(t *testing.T) {
 		t.Errorf("reload adding the upstream back: %d %+v", status, res)
 	}
 
-	// Health checks change live, as Serve's light updates do (they took
-	// a restart, found by a tester).
-	rewrite(reloadConfig("two", 3, []string{h2.addr + "/", h1.addr}, "        health_check_period_s: 5\n        health_check_timeout_s: 7\n"))
-	if status, res = postReload(t, c, p); status != http.StatusOK || len(res.Applied) != 1 ||
-		!strings.Contains(res.Applied[0], "health_check_period_s from 10 to 5, health_check_timeout_s from 30 to 7") {
-		t.Errorf("reload of the health checks: %d %+v, want 200 with them applied", status, res)
+	// Health checks and the grace change live, as Serve's light updates
+	// do (they took a restart, found by a tester).
+	rewrite(reloadConfig("two", 3, []string{h2.addr + "/", h1.addr}, "        health_check_period_s: 5\n        health_check_timeout_s: 7\n        graceful_shutdown_timeout_s: 3\n"))
+	if status, res = postReload(t, c, p); status != http.StatusOK || len(res.Applied) != 2 ||
+		!strings.Contains(res.Applied[0], "health_check_period_s from 10 to 5, health_check_timeout_s from 30 to 7") ||
+		!strings.Contains(res.Applied[1], "graceful_shutdown_timeout_s from 20 to 3") {
+		t.Errorf("reload of the health checks and the grace: %d %+v, want 200 with them applied", status, res)
 	}
 
 	// A change that takes a restart: refused, nothing changed.

@@ -28,8 +28,8 @@ const reloadTimeout = 30 * time.Second
 // reloader applies the config file again to the running proxy, on SIGHUP
 // or POST /-/reload, as Serve's `serve deploy` of a changed file does its
 // light updates: a deployment's user_config (reconfigure), num_replicas
-// (scale), health checks (SetHealthChecks) and its upstreams or hosts list
-// change in place. A change to
+// (scale), health checks (SetHealthChecks), graceful shutdown timeout and
+// its upstreams or hosts list change in place. A change to
 // anything else takes a restart: a file that holds one, or any problem,
 // changes nothing and says what.
 //
@@ -258,14 +258,14 @@ type startPendingError struct{ err error }
 func (e *startPendingError) Error() string { return e.err.Error() }
 
 // liveFields are the deployment fields a reload changes in place.
-var liveFields = []string{"user_config", "num_replicas", "upstreams", "hosts", "health_check_period_s", "health_check_timeout_s"}
+var liveFields = []string{"user_config", "num_replicas", "upstreams", "hosts", "health_check_period_s", "health_check_timeout_s", "graceful_shutdown_timeout_s"}
 
 // plan compares next with what runs: the live changes to make, or the
 // changes that take a restart, one line each naming the field.
 func (rl *reloader) plan(next *config.Config) (changes []change, restart []string) {
 	cur := rl.running
 	needs := func(field, what string) {
-		restart = append(restart, fieldError(next, rl.path, field, fmt.Errorf("%s; that takes a restart (a reload changes user_config, num_replicas of in-process and command deployments, upstreams, hosts, health_check_period_s and health_check_timeout_s)", what)).Error())
+		restart = append(restart, fieldError(next, rl.path, field, fmt.Errorf("%s; that takes a restart (a reload changes user_config, num_replicas of in-process and command deployments, upstreams, hosts, health_check_period_s, health_check_timeout_s and graceful_shutdown_timeout_s)", what)).Error())
 	}
 	for _, f := range changedFields(cur.HTTPOptions, next.HTTPOptions) {
 		needs("http_options."+f.name, f.what())
@@ -417,6 +417,12 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 		}
 		out = append(out, change{dep: dep, what: name + ": " + strings.Join(what, ", "),
 			apply: func(_ context.Context, d *proxy.Deployment) error { return d.SetHealthChecks(period, timeout) }})
+	}
+	if grace := nd.GracefulShutdownTimeout(); grace != spec.GracefulShutdownTimeout {
+		// Before a scale, whose retired replicas drain for it.
+		out = append(out, change{dep: dep,
+			what:  fmt.Sprintf("%s: graceful_shutdown_timeout_s from %v to %v", name, spec.GracefulShutdownTimeout.Seconds(), grace.Seconds()),
+			apply: func(_ context.Context, d *proxy.Deployment) error { return d.SetGracefulShutdownTimeout(grace) }})
 	}
 	if dep.Replaces() && nd.NumReplicas != spec.NumReplicas {
 		n := nd.NumReplicas
