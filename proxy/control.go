@@ -53,11 +53,16 @@ type deploymentStatus struct {
 	Message     string `json:"message,omitempty"`
 	NumReplicas int    `json:"num_replicas"`
 	// MaxOngoingRequests is absent if its replicas' limits differ.
-	MaxOngoingRequests int                     `json:"max_ongoing_requests,omitempty"`
-	MaxQueuedRequests  int                     `json:"max_queued_requests"`
-	Queued             int                     `json:"queued"`
-	UserConfig         json.RawMessage         `json:"user_config,omitempty"`
-	Replicas           []replica.ReplicaStatus `json:"replicas"`
+	MaxOngoingRequests int `json:"max_ongoing_requests,omitempty"`
+	MaxQueuedRequests  int `json:"max_queued_requests"`
+	// The settings a reload may change, as they are in force (found
+	// missing by a tester: only the reload's answer said them).
+	HealthCheckPeriodS       float64                 `json:"health_check_period_s"`
+	HealthCheckTimeoutS      float64                 `json:"health_check_timeout_s"`
+	GracefulShutdownTimeoutS float64                 `json:"graceful_shutdown_timeout_s"`
+	Queued                   int                     `json:"queued"`
+	UserConfig               json.RawMessage         `json:"user_config,omitempty"`
+	Replicas                 []replica.ReplicaStatus `json:"replicas"`
 	// Unconnected are targets found (upstreams or replica hosts in DNS)
 	// that it could not connect to yet.
 	Unconnected []replica.TargetError `json:"unconnected_targets,omitempty"`
@@ -73,16 +78,19 @@ func deploymentStatusFrom(d *Deployment, replicas []replica.ReplicaStatus) deplo
 	spec := d.Spec()
 	status, message := deploymentHealth(replicas, spec.NumReplicas, d.GaveUp())
 	return deploymentStatus{
-		Name:               spec.Name,
-		Status:             status,
-		Message:            message,
-		NumReplicas:        spec.NumReplicas,
-		MaxOngoingRequests: maxOngoingOf(d, spec.MaxOngoingRequests),
-		MaxQueuedRequests:  d.maxQueued,
-		Queued:             d.Scheduler.Queued(),
-		UserConfig:         spec.UserConfig,
-		Replicas:           replicas,
-		Unconnected:        d.Unconnected(),
+		Name:                     spec.Name,
+		Status:                   status,
+		Message:                  message,
+		NumReplicas:              spec.NumReplicas,
+		MaxOngoingRequests:       maxOngoingOf(d, spec.MaxOngoingRequests),
+		MaxQueuedRequests:        d.maxQueued,
+		HealthCheckPeriodS:       spec.HealthCheckPeriod.Seconds(),
+		HealthCheckTimeoutS:      spec.HealthCheckTimeout.Seconds(),
+		GracefulShutdownTimeoutS: spec.GracefulShutdownTimeout.Seconds(),
+		Queued:                   d.Scheduler.Queued(),
+		UserConfig:               spec.UserConfig,
+		Replicas:                 replicas,
+		Unconnected:              d.Unconnected(),
 	}
 }
 

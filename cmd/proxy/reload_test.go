@@ -144,6 +144,9 @@ func TestReload(t *testing.T) {
 		!strings.Contains(res.Applied[1], "graceful_shutdown_timeout_s from 20 to 3") {
 		t.Errorf("reload of the health checks and the grace: %d %+v, want 200 with them applied", status, res)
 	}
+	if d := getApplications(t, c, p).Applications[0].Deployments[0]; d.HealthS != 5 || d.HealthTO != 7 || d.GraceS != 3 {
+		t.Errorf("GET /-/applications after the reload: period %v, timeout %v, grace %v; want 5, 7, 3", d.HealthS, d.HealthTO, d.GraceS)
+	}
 
 	// A change that takes a restart: refused, nothing changed.
 	rewrite(reloadConfig("three", 3, []string{h1.addr}, "        max_ongoing_requests: 10\n"))

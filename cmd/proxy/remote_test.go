@@ -106,10 +106,13 @@ type applications struct {
 		Status      string `json:"status"`
 		Message     string `json:"message"`
 		Deployments []struct {
-			Name        string `json:"name"`
-			Status      string `json:"status"`
-			Message     string `json:"message"`
-			MaxOngoing  int    `json:"max_ongoing_requests"`
+			Name        string  `json:"name"`
+			Status      string  `json:"status"`
+			Message     string  `json:"message"`
+			MaxOngoing  int     `json:"max_ongoing_requests"`
+			HealthS     float64 `json:"health_check_period_s"`
+			HealthTO    float64 `json:"health_check_timeout_s"`
+			GraceS      float64 `json:"graceful_shutdown_timeout_s"`
 			Unconnected []struct {
 				Target string `json:"target"`
 				Error  string `json:"error"`
