@@ -360,7 +360,7 @@ func TestDrainTimeoutCountsRequestsCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the drain's end", func() bool { return strings.Contains(logs.String(), "stopped anyway") })
-	if !strings.Contains(logs.String(), `"requests_cut":2`) {
+	if !strings.Contains(logs.String(), `"requests_in_flight":2`) {
 		t.Errorf("log: %s", logs.String())
 	}
 }

@@ -250,16 +250,20 @@ func (d *Deployment) retireLocked(olds ...Replica) {
 			return // Stop drains and stops them with its own deadline
 		}
 		if len(busy) > 0 {
-			// How many requests (WebSockets, most likely) the stop cuts.
-			cut := 0
+			// How many requests (WebSockets, most likely) are in flight
+			// at the stop: it closes WebSocket sessions and kills a
+			// command's process, and the plain requests of an in-process
+			// replica or an upstream server run to their end (the line
+			// said they were cut, found by a tester).
+			inFlight := 0
 			for _, old := range batch {
 				if slices.Contains(busy, old.ID()) {
-					cut += old.Ongoing()
+					inFlight += old.Ongoing()
 				}
 			}
-			if cut > 0 {
-				d.log().Warn().Strs("replicas", busy).Int("requests_cut", cut).
-					Msg("replicas still busy at graceful_shutdown_timeout_s: stopped anyway")
+			if inFlight > 0 {
+				d.log().Warn().Strs("replicas", busy).Int("requests_in_flight", inFlight).
+					Msg("replicas still busy at graceful_shutdown_timeout_s: stopped anyway (their WebSocket sessions closed, a command's process and its requests ended; other requests run to their end)")
 			} else {
 				// Idle, but their drain did not answer in time (a
 				// graceful_shutdown_timeout_s of 0 gives it none):
