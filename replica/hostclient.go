@@ -68,7 +68,7 @@ type HostConn struct {
 	addr     string
 	o        HostOptions
 	maxFrame int
-	via      string // the pseudonym of its Via entries (see viaFor), or ""
+	via      viaEntries // PROXY_VIA's entries; the zero value for none
 
 	replicas []*hostReplica // in the order of the first hello
 	byID     map[string]*hostReplica
@@ -127,7 +127,7 @@ func ConnectHost(ctx context.Context, addr string, o HostOptions) (*HostConn, er
 		c.maxFrame = DefaultMaxFrameSize
 	}
 	if o.Via != "" {
-		c.via = o.Via // its pseudonym: see viaFor
+		c.via = newViaEntries(o.Via)
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.links = make([]atomic.Pointer[hostLink], max(o.Conns, 1))

@@ -462,7 +462,7 @@ func (c *HostConn) appendRequestHeaders(b []byte, r *http.Request) ([]byte, erro
 	}
 	ip, ok, trust := forwardedFor(r.RemoteAddr, c.o.TrustedProxies)
 	for k, vv := range in {
-		if !passHeader(k, conn, trust, c.via != "") {
+		if !passHeader(k, conn, trust, c.via.on()) {
 			continue // hop-by-hop, or set below
 		}
 		if len(k) > 0xffff {
@@ -496,8 +496,8 @@ func (c *HostConn) appendRequestHeaders(b []byte, r *http.Request) ([]byte, erro
 	} else if r.Host != "" {
 		add("X-Forwarded-Host", r.Host)
 	}
-	if c.via != "" {
-		add("Via", joinVia(in["Via"], viaFor(c.via, r.ProtoMinor)))
+	if c.via.on() {
+		add("Via", joinVia(in["Via"], c.via.of(r.ProtoMinor)))
 	}
 	if n > 0xffff {
 		return b[:at], errTooLong
@@ -551,8 +551,8 @@ func (c *HostConn) readResponseHead(dst http.Header, head []byte) (status, end i
 		c.mergeHeader(dst, k, vals[start:i+1:i+1])
 		start = i + 1
 	}
-	if c.via != "" {
-		dst["Via"] = []string{joinVia(dst["Via"], viaFor(c.via, 1))}
+	if c.via.on() {
+		dst["Via"] = []string{joinVia(dst["Via"], c.via.of(1))}
 	}
 	return status, end, nil
 }
@@ -583,7 +583,7 @@ func (c *HostConn) copyResponseHeader(dst, src http.Header) {
 			c.mergeHeader(dst, k, vv)
 		}
 	}
-	if c.via != "" {
-		dst["Via"] = []string{joinVia(dst["Via"], viaFor(c.via, 1))}
+	if c.via.on() {
+		dst["Via"] = []string{joinVia(dst["Via"], c.via.of(1))}
 	}
 }

@@ -88,9 +88,9 @@ type Upstream struct {
 	baseRaw   string // base.EscapedPath() likewise
 	healthURL string
 	trusted   []netip.Prefix
-	via       string // the pseudonym of its Via entries (see viaFor), or "" for none
-	host      string // UpstreamOptions.Host
-	keepBody  int    // RetryBodyLimit, resolved; 0 keeps nothing
+	via       viaEntries // PROXY_VIA's entries; the zero value for none
+	host      string     // UpstreamOptions.Host
+	keepBody  int        // RetryBodyLimit, resolved; 0 keeps nothing
 
 	rt          http.RoundTripper
 	health      http.RoundTripper
@@ -170,7 +170,7 @@ func NewUpstream(id, baseURL string, o UpstreamOptions) (*Upstream, error) {
 	u.init(o.MaxOngoing, o.OnRelease)
 	u.healthURL = (&url.URL{Scheme: base.Scheme, Host: base.Host}).String() + u.baseRaw + hp
 	if o.Via != "" {
-		u.via = o.Via // its pseudonym: see viaFor
+		u.via = newViaEntries(o.Via)
 	}
 	switch {
 	case o.RetryBodyLimit == 0:

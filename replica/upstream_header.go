@@ -143,7 +143,7 @@ func (u *Upstream) requestHeader(o *outgoing, r *http.Request) http.Header {
 	h := make(http.Header, len(in)+4)
 	ip, ok, trust := forwardedFor(r.RemoteAddr, u.trusted)
 	for k, vv := range in {
-		if passHeader(k, conn, trust, u.via != "") {
+		if passHeader(k, conn, trust, u.via.on()) {
 			h[k] = vv
 		}
 	}
@@ -181,8 +181,8 @@ func (u *Upstream) requestHeader(o *outgoing, r *http.Request) http.Header {
 		o.xfh[0] = r.Host
 		h["X-Forwarded-Host"] = o.xfh[:]
 	}
-	if u.via != "" {
-		h["Via"] = []string{joinVia(in["Via"], viaFor(u.via, r.ProtoMinor))}
+	if u.via.on() {
+		h["Via"] = []string{joinVia(in["Via"], u.via.of(r.ProtoMinor))}
 	}
 	if o.upgrade {
 		// The one hop-by-hop request a proxy passes on, as RFC 9110
@@ -193,15 +193,29 @@ func (u *Upstream) requestHeader(o *outgoing, r *http.Request) http.Header {
 	return h
 }
 
-// viaFor is this proxy's Via entry, under the pseudonym name, for a
-// message it received as HTTP/1.minor: RFC 9110 (7.6.3) has the entry name
-// the protocol received, and an HTTP/1.0 client's request said 1.1 (found
-// by a tester).
-func viaFor(name string, minor int) string {
-	if minor == 0 {
-		return "1.0 " + name
+// viaEntries are this proxy's Via entries under its pseudonym, one for
+// each protocol it may receive a message as: RFC 9110 (7.6.3) has the
+// entry name the protocol received, and an HTTP/1.0 client's request said
+// 1.1 (found by a tester). Built once, not per request; the zero value is
+// no Via.
+type viaEntries struct{ http10, http11 string }
+
+func newViaEntries(name string) viaEntries {
+	if name == "" {
+		return viaEntries{}
 	}
-	return "1.1 " + name
+	return viaEntries{http10: "1.0 " + name, http11: "1.1 " + name}
+}
+
+// on reports whether the proxy adds Via entries.
+func (v viaEntries) on() bool { return v.http11 != "" }
+
+// of is the entry for a message received as HTTP/1.minor.
+func (v viaEntries) of(minor int) string {
+	if minor == 0 {
+		return v.http10
+	}
+	return v.http11
 }
 
 // joinVia is the Via list prior with this proxy's entry added, as one
@@ -232,8 +246,8 @@ func (u *Upstream) copyResponseHeader(dst, src http.Header, minor int) {
 			dst[k] = append(have[:len(have):len(have)], vv...)
 		}
 	}
-	if u.via != "" {
-		dst["Via"] = []string{joinVia(dst["Via"], viaFor(u.via, minor))}
+	if u.via.on() {
+		dst["Via"] = []string{joinVia(dst["Via"], u.via.of(minor))}
 	}
 	if _, ok := dst["Content-Type"]; !ok {
 		// The replica sent none: a nil entry keeps net/http from
