@@ -99,6 +99,27 @@ func runsShell(command []string) bool {
 // $$(NAME).
 var varRef = regexp.MustCompile(`\$?\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
 
+// ExpandReplicaVars replaces $(PORT) and $(REPLICA_ID) in s, a command
+// replica's argument or env value, with port and id, as Kubernetes expands
+// a container's args and env: $$(NAME) is the text $(NAME), any other
+// $(NAME) is left as it is (Warnings says so), and so is any other $ (a
+// shell's own $PORT). One definition for the start and for Warnings, so
+// that what is warned of is what the start does.
+func ExpandReplicaVars(s, port, id string) string {
+	return varRef.ReplaceAllStringFunc(s, func(v string) string {
+		switch {
+		case strings.HasPrefix(v, "$$"):
+			return v[1:] // escaped
+		case v == "$(PORT)":
+			return port
+		case v == "$(REPLICA_ID)":
+			return id
+		default:
+			return v // no such variable: the text, as Kubernetes leaves it
+		}
+	})
+}
+
 // unexpanded returns the names of the $(NAME) references in s that a
 // replica process's start leaves as they are: all but $(PORT) and
 // $(REPLICA_ID), and their escapes.

@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +18,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/serveproxy/serveproxy/config"
 )
 
 // ProcessOptions configure StartProcess.
@@ -69,13 +70,6 @@ type Process struct {
 	unasked bool
 }
 
-// processVar matches a $(NAME) reference in a command's arguments, or its
-// escape $$(NAME), as Kubernetes expands a container's args: $(PORT) and
-// $(REPLICA_ID) are replaced, any $$(NAME) is the text $(NAME), and any
-// other $(NAME) is left as it is (the config's Warnings say so), as is a
-// shell's own $PORT (in an sh -c script, say), left for the shell.
-var processVar = regexp.MustCompile(`\$?\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
-
 // childEnviron is the proxy's environment without its admin token: a
 // replica process has no business with the proxy's admin API, and its
 // output (an env dump, a crash report) goes into the log.
@@ -98,20 +92,7 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("command: finding a free port: %w", err)
 	}
-	expand := func(s string) string {
-		return processVar.ReplaceAllStringFunc(s, func(v string) string {
-			switch {
-			case strings.HasPrefix(v, "$$"):
-				return v[1:] // escaped
-			case v == "$(PORT)":
-				return strconv.Itoa(port)
-			case v == "$(REPLICA_ID)":
-				return id
-			default:
-				return v // no such variable: the text, as Kubernetes leaves it
-			}
-		})
-	}
+	expand := func(s string) string { return config.ExpandReplicaVars(s, strconv.Itoa(port), id) }
 	args := make([]string, len(o.Command)-1)
 	for i, a := range o.Command[1:] {
 		args[i] = expand(a)
