@@ -29,6 +29,7 @@ const (
 type AccessLogger struct {
 	zerolog.Logger
 	out   *asyncWriter
+	lines io.Writer // what the lines are written to: out, or a console writer in front of it
 	clock stampCache
 }
 
@@ -41,7 +42,7 @@ func NewAccessLogger(w io.Writer, format string, dropped func(n int)) *AccessLog
 	if format == "console" {
 		lw = zerolog.ConsoleWriter{Out: out, TimeFormat: time.TimeOnly, NoColor: !isTerminal(w)}
 	}
-	return &AccessLogger{Logger: zerolog.New(lw).With().Str("component", "access").Logger(), out: out}
+	return &AccessLogger{Logger: zerolog.New(lw).With().Str("component", "access").Logger(), out: out, lines: lw}
 }
 
 // Close writes out the lines still buffered and stops the log's goroutine.

@@ -2,12 +2,16 @@ package proxy
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // gate is an io.Writer that blocks until opened, to make the log fall behind.
@@ -109,4 +113,94 @@ func TestAppendMillis(t *testing.T) {
 			t.Errorf("appendMillis(%v) = %s, want %s", d, got, want)
 		}
 	}
+}
+
+// TestAccessLineMatchesZerolog holds the access log's fast path to the
+// bytes zerolog writes for the same line, and checks that a value JSON
+// must escape takes zerolog's path.
+func TestAccessLineMatchesZerolog(t *testing.T) {
+	end := time.Date(2026, 12, 4, 19, 0, 0, 123_456_789, time.UTC)
+	base := accessEntry{
+		end: end, requestID: "3f1c", method: "GET", path: "/api/x", status: 200, bytes: 2,
+		elapsed: 1234 * time.Microsecond, replica: "hello#3", remoteAddr: "127.0.0.1:5555",
+	}
+	cases := map[string]func(e *accessEntry){
+		"plain":           func(*accessEntry) {},
+		"warn":            func(e *accessEntry) { e.status = 502; e.err = "replica hello#3 could not be reached" },
+		"empty fields":    func(e *accessEntry) { e.requestID, e.replica, e.path = "", "", "" },
+		"404":             func(e *accessEntry) { e.status = 404; e.replica = "" },
+		"quote in path":   func(e *accessEntry) { e.path = `/a"b` },
+		"backslash id":    func(e *accessEntry) { e.requestID = `a\b` },
+		"control in path": func(e *accessEntry) { e.path = "/a\nb\x01" },
+		"utf-8 path":      func(e *accessEntry) { e.path = "/caf\u00e9" },
+		"bad utf-8":       func(e *accessEntry) { e.path = "/\xff" },
+		"DEL":             func(e *accessEntry) { e.requestID = "\x7f" },
+		"quoted error":    func(e *accessEntry) { e.status = 500; e.err = `parse "x": bad` },
+	}
+	for _, app := range []string{"default", `odd "app"`} {
+		for name, change := range cases {
+			t.Run(app+"/"+name, func(t *testing.T) {
+				e := base
+				change(&e)
+				var fast, slow bytes.Buffer
+				a := NewAccessLogger(&fast, "json", nil)
+				r := a.forRoute(app, "/api", "hello")
+				level := zerolog.InfoLevel
+				if e.status >= 500 {
+					level = zerolog.WarnLevel
+				}
+				line, ok := a.appendLine(nil, r, &e, level)
+				wantFast := plainJSON(e.path) && plainJSON(e.requestID) && plainJSON(e.err)
+				if ok != wantFast {
+					t.Fatalf("fast path taken = %v, want %v", ok, wantFast)
+				}
+				b := NewAccessLogger(&slow, "json", nil)
+				b.writeZerolog(b.forRoute(app, "/api", "hello"), &e, level)
+				if err := b.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if !json.Valid(slow.Bytes()) {
+					t.Fatalf("zerolog's line is not JSON: %s", slow.Bytes())
+				}
+				if ok && string(line) != slow.String() {
+					t.Fatalf("fast path:\n%s\nzerolog:\n%s", line, slow.Bytes())
+				}
+				// write picks the path: its line is zerolog's either way.
+				a.write(r, &e)
+				if err := a.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if fast.String() != slow.String() {
+					t.Fatalf("write:\n%s\nzerolog:\n%s", fast.Bytes(), slow.Bytes())
+				}
+			})
+		}
+	}
+}
+
+// FuzzAccessLine checks the fast path against zerolog for any values.
+func FuzzAccessLine(f *testing.F) {
+	f.Add("id", "GET", "/x", "r#1", "127.0.0.1:1", "", 200, 2)
+	f.Add("a\"b", "POST", "/\xff", "", "", "boom", 503, 0)
+	f.Fuzz(func(t *testing.T, id, method, path, replicaID, remote, errText string, status, n int) {
+		e := accessEntry{
+			end: time.Unix(1_800_000_000, 5e6), requestID: id, method: method, path: path, status: status,
+			bytes: n, elapsed: 7 * time.Millisecond, replica: replicaID, remoteAddr: remote, err: errText,
+		}
+		a := NewAccessLogger(io.Discard, "json", nil)
+		defer a.Close()
+		line, ok := a.appendLine(nil, a.forRoute("default", "/", "hello"), &e, zerolog.InfoLevel)
+		if !ok {
+			return
+		}
+		var slow bytes.Buffer
+		b := NewAccessLogger(&slow, "json", nil)
+		b.writeZerolog(b.forRoute("default", "/", "hello"), &e, zerolog.InfoLevel)
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if string(line) != slow.String() {
+			t.Fatalf("fast path:\n%s\nzerolog:\n%s", line, slow.Bytes())
+		}
+	})
 }

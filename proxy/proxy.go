@@ -164,16 +164,14 @@ type Proxy struct {
 type routeState struct {
 	deployment *Deployment // the route's ingress; nil for no route
 	metrics    *routeMetrics
-	// log is the access log with the route's application, route and
-	// deployment encoded once; nil without an access log.
-	log *zerolog.Logger
+	// log is the route's access log; nil without one.
+	log *accessRoute
 }
 
 func (p *Proxy) newRouteState(route, app, deployment string) *routeState {
 	rs := &routeState{metrics: p.metrics.forRoute(route, app, deployment)}
 	if p.access != nil {
-		l := p.access.With().Str("application", app).Str("route", route).Str("deployment", deployment).Logger()
-		rs.log = &l
+		rs.log = p.access.forRoute(app, route, deployment)
 	}
 	return rs
 }

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/serveproxy/serveproxy/config"
 	"github.com/serveproxy/serveproxy/replica"
 	"github.com/serveproxy/serveproxy/router"
@@ -505,30 +503,23 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 	if rs.log == nil {
 		return
 	}
-	var buf [24]byte
-	var e *zerolog.Event
-	if res.status >= 500 {
-		e = rs.log.Warn()
-	} else {
-		e = rs.log.Info()
+	e := accessEntry{
+		end:        res.end, // already read: time.Now is a measurable cost per request on virtual machines
+		requestID:  clipped(id),
+		method:     r.Method,
+		path:       clipped(r.URL.Path),
+		status:     res.status,
+		bytes:      res.bytes,
+		elapsed:    elapsed,
+		replica:    replicaID,
+		remoteAddr: r.RemoteAddr,
 	}
-	// The line's time is the request's end, already read: time.Now is a
-	// measurable cost per request on virtual machines.
-	e.Str(zerolog.TimestampFieldName, p.access.clock.format(res.end)).
-		Str("request_id", clipped(id)).
-		Str("method", r.Method).
-		Str("path", clipped(r.URL.Path)).
-		Int("status", res.status).
-		Int("bytes", res.bytes).
-		RawJSON("latency_ms", appendMillis(buf[:0], elapsed)).
-		Str("replica", replicaID).
-		Str("remote_addr", r.RemoteAddr)
 	if res.err != nil && (res.status >= 500 || res.status == http.StatusSwitchingProtocols || res.sendTimedOut) {
 		// Why: a replica's 500, 502 or 504, a WebSocket's replica gone, a
 		// client that stopped reading.
-		e.Str("error", clipped(res.err.Error()))
+		e.err = clipped(res.err.Error())
 	}
-	e.Msg("")
+	p.access.write(rs.log, &e)
 }
 
 // maxLoggedValue bounds the values from the client (and the error) in an
