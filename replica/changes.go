@@ -389,6 +389,7 @@ func (d *Deployment) addTargets(fresh []string, conns [][]Replica, errs []error)
 	log := d.log()
 	d.mu.Lock()
 	for _, r := range joining {
+		d.giveLimitLocked(r)
 		r.SetState(StateRunning)
 		d.replicas = append(d.replicas, r)
 		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica added for its target")

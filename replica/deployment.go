@@ -237,6 +237,9 @@ type Deployment struct {
 	// grace is spec's GracefulShutdownTimeout, read where d.mu is not
 	// held and changed by SetGracefulShutdownTimeout.
 	grace atomic.Int64
+	// maxOngoing is spec's MaxOngoingRequests, read where d.mu is not
+	// held and changed by SetMaxOngoing.
+	maxOngoing atomic.Int64
 }
 
 // NewDeployment builds the deployment's replicas: spec.NumReplicas from
@@ -273,6 +276,7 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 	d.healthPeriod.Store(int64(spec.HealthCheckPeriod))
 	d.healthTimeout.Store(int64(spec.HealthCheckTimeout))
 	d.grace.Store(int64(spec.GracefulShutdownTimeout))
+	d.maxOngoing.Store(int64(spec.MaxOngoingRequests))
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	startCtx, cancelStart := context.WithCancel(d.ctx)
 	defer cancelStart()

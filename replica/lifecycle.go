@@ -94,7 +94,7 @@ func (d *Deployment) newReplica(ctx context.Context, userConfig json.RawMessage)
 	} else {
 		var h Handler
 		if h, err = d.spec.Factory(userConfig); err == nil {
-			l := NewLocal(id, h, d.spec.MaxOngoingRequests, d.hooks.OnRelease)
+			l := NewLocal(id, h, int(d.maxOngoing.Load()), d.hooks.OnRelease)
 			l.builtWith = userConfig
 			r = l
 		}
@@ -134,6 +134,54 @@ func (d *Deployment) SetGracefulShutdownTimeout(grace time.Duration) error {
 			g.SetGrace(grace)
 		}
 	}
+	return nil
+}
+
+// limitSetter is a replica whose max_ongoing_requests the proxy enforces
+// (in process, an HTTP server, a process it started), and so can change.
+// A replica host's actors enforce their own, read when the host starts.
+type limitSetter interface {
+	SetMaxOngoing(n int)
+}
+
+// giveLimitLocked gives r, joining the replicas, the deployment's
+// max_ongoing_requests: Start and Connect build with the one the
+// deployment began with, and a reload may have changed it since. Under
+// d.mu, as SetMaxOngoing's change is, so that a replica joining as the
+// limit changes has the new one.
+func (d *Deployment) giveLimitLocked(r Replica) {
+	if l, ok := r.(limitSetter); ok {
+		if n := int(d.maxOngoing.Load()); n != r.MaxOngoing() {
+			l.SetMaxOngoing(n)
+		}
+	}
+}
+
+// SetMaxOngoing changes the deployment's max_ongoing_requests live, as
+// Serve's light updates do, for the replicas whose limit the proxy
+// enforces: those running now and those it builds from now on. Raised,
+// requests waiting for a slot take the room at once; lowered, the
+// requests over the new limit finish and none starts on a replica until
+// it is under it. A replica host's actors enforce their own limit: it
+// fails for a deployment of them. n must be at least 1.
+func (d *Deployment) SetMaxOngoing(n int) error {
+	if n < 1 {
+		return fmt.Errorf("SetMaxOngoing: %d is below 1: no replica could take a request", n)
+	}
+	d.mu.Lock()
+	all := slices.Concat(d.replicas, d.retired)
+	for _, r := range all {
+		if _, ok := r.(limitSetter); !ok {
+			d.mu.Unlock()
+			return fmt.Errorf("SetMaxOngoing: replica %s enforces its own max_ongoing_requests (a replica host reads it when it starts)", r.ID())
+		}
+	}
+	d.spec.MaxOngoingRequests = n // for Spec
+	d.maxOngoing.Store(int64(n))
+	for _, r := range all {
+		r.(limitSetter).SetMaxOngoing(n)
+	}
+	d.mu.Unlock()
 	return nil
 }
 
@@ -504,6 +552,7 @@ func (d *Deployment) topUpHeld(ctx context.Context) error {
 			return nil
 		}
 		for _, r := range built {
+			d.giveLimitLocked(r)
 			r.SetState(StateRunning)
 			d.replicas = append(d.replicas, r)
 			d.watchExitLocked(r)

@@ -65,6 +65,10 @@ func NewLocal(id string, h Handler, maxOngoing int, onRelease func()) *Local {
 // ID implements Handle.
 func (l *Local) ID() string { return l.id }
 
+// SetMaxOngoing changes the replica's max_ongoing_requests (see
+// Deployment.SetMaxOngoing).
+func (l *Local) SetMaxOngoing(n int) { l.setMax(n) }
+
 // Stop implements Stopper: the replica is done (drained, or its requests
 // still running at graceful_shutdown_timeout_s), and its handler, if it is
 // an io.Closer, is closed once, however often Stop is called. Requests in

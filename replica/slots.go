@@ -26,6 +26,16 @@ func (s *slots) init(maxOngoing int, onRelease func()) {
 	s.release = s.releaseSlot
 }
 
+// setMax changes the limit. Lowered, the requests over it finish and no
+// new one takes a slot until the count is under it; raised, onRelease is
+// told, so that waiting requests take the room at once.
+func (s *slots) setMax(n int) {
+	s.max.Store(int64(n))
+	if s.onRelease != nil {
+		s.onRelease()
+	}
+}
+
 // State returns where the replica is in its life cycle.
 func (s *slots) State() State { return State(s.state.Load()) }
 

@@ -195,6 +195,17 @@ func NewUpstream(id, baseURL string, o UpstreamOptions) (*Upstream, error) {
 // ID implements Handle.
 func (u *Upstream) ID() string { return u.id }
 
+// SetMaxOngoing changes the replica's max_ongoing_requests (see
+// Deployment.SetMaxOngoing), and the bound on its connections with it
+// when its client was sized to the limit (an UpstreamClient, shared by the
+// deployment's replicas: the first of them to change moves it).
+func (u *Upstream) SetMaxOngoing(n int) {
+	if c, ok := u.rt.(*UpstreamClient); ok && c.maxConns.Load() == u.max.Load() {
+		c.SetMaxConnsPerReplica(n)
+	}
+	u.setMax(n)
+}
+
 // URL returns the replica's base URL.
 func (u *Upstream) URL() string { return u.base.String() }
 

@@ -49,8 +49,8 @@ import (
 // NewUpstreamClient.
 type UpstreamClient struct {
 	dialer        net.Dialer
-	maxConns      int           // per replica; 0 for no bound
-	maxIdle       int           // idle connections kept per replica
+	maxConns      atomic.Int64  // per replica; 0 for no bound (see SetMaxConnsPerReplica)
+	maxIdle       atomic.Int64  // idle connections kept per replica
 	idleTimeout   time.Duration // an idle connection is closed after it
 	headerTimeout time.Duration // 0 for none
 
@@ -79,28 +79,51 @@ func NewUpstreamClient(o TransportOptions) *UpstreamClient {
 	if idle <= 0 {
 		idle = 64
 	}
-	return &UpstreamClient{
+	c := &UpstreamClient{
 		dialer:        net.Dialer{Timeout: o.DialTimeout, KeepAlive: tcpKeepAlive},
-		maxConns:      o.MaxConnsPerReplica,
-		maxIdle:       idle,
 		idleTimeout:   o.IdleConnTimeout,
 		headerTimeout: o.ResponseHeaderTimeout,
 		pools:         make(map[poolKey]*connPool),
 		users:         make(map[poolKey]int),
 	}
+	c.maxConns.Store(int64(o.MaxConnsPerReplica))
+	c.maxIdle.Store(int64(idle))
+	return c
+}
+
+// SetMaxConnsPerReplica changes the bound on the connections to each
+// replica, and on those kept idle, as its deployment's
+// max_ongoing_requests changes live. Requests waiting for a connection
+// get the new room at once; lowered, the connections over the bound
+// close as their requests end.
+func (c *UpstreamClient) SetMaxConnsPerReplica(n int) {
+	c.maxConns.Store(int64(n))
+	if n > 0 {
+		c.maxIdle.Store(int64(n))
+	}
+	for _, p := range c.allPools() {
+		p.mu.Lock()
+		p.wakeLocked()
+		p.mu.Unlock()
+	}
 }
 
 // CloseIdleConnections closes the connections that no request is using.
 func (c *UpstreamClient) CloseIdleConnections() {
+	for _, p := range c.allPools() {
+		p.closeIdle(func(*clientConn) bool { return true })
+	}
+}
+
+// allPools returns the client's connection pools, one per replica.
+func (c *UpstreamClient) allPools() []*connPool {
 	c.mu.RLock()
+	defer c.mu.RUnlock()
 	pools := make([]*connPool, 0, len(c.pools))
 	for _, p := range c.pools {
 		pools = append(pools, p)
 	}
-	c.mu.RUnlock()
-	for _, p := range pools {
-		p.closeIdle(func(*clientConn) bool { return true })
-	}
+	return pools
 }
 
 // keyOf names the connections to the replica at base.
@@ -323,7 +346,7 @@ func (p *connPool) get(ctx context.Context, fresh, check bool) (cc *clientConn, 
 			}
 			return cc, true, nil
 		}
-		if p.c.maxConns <= 0 || p.open < p.c.maxConns {
+		if limit := p.c.maxConns.Load(); limit <= 0 || int64(p.open) < limit {
 			p.open++
 			p.mu.Unlock()
 			cc, err = p.dial(ctx)
@@ -359,7 +382,7 @@ func (p *connPool) get(ctx context.Context, fresh, check bool) (cc *clientConn, 
 func (p *connPool) put(cc *clientConn) {
 	cc.idleAt = time.Now()
 	p.mu.Lock()
-	if len(p.idle) >= p.c.maxIdle || p.retired {
+	if int64(len(p.idle)) >= p.c.maxIdle.Load() || p.retired {
 		p.mu.Unlock()
 		cc.close()
 		return

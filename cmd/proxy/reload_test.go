@@ -148,12 +148,22 @@ func TestReload(t *testing.T) {
 		t.Errorf("GET /-/applications after the reload: period %v, timeout %v, grace %v; want 5, 7, 3", d.HealthS, d.HealthTO, d.GraceS)
 	}
 
+	// max_ongoing_requests too (it took a restart).
+	rewrite(reloadConfig("two", 3, []string{h2.addr + "/", h1.addr}, "        health_check_period_s: 5\n        health_check_timeout_s: 7\n        graceful_shutdown_timeout_s: 3\n        max_ongoing_requests: 10\n"))
+	if status, res = postReload(t, c, p); status != http.StatusOK || len(res.Applied) != 1 ||
+		!strings.Contains(res.Applied[0], "max_ongoing_requests from 5 to 10") {
+		t.Errorf("reload of max_ongoing_requests: %d %+v, want 200 with it applied", status, res)
+	}
+	if d := getApplications(t, c, p).Applications[0].Deployments[0]; d.MaxOngoing != 10 {
+		t.Errorf("GET /-/applications after the reload: max_ongoing_requests %d, want 10", d.MaxOngoing)
+	}
+
 	// A change that takes a restart: refused, nothing changed.
-	rewrite(reloadConfig("three", 3, []string{h1.addr}, "        max_ongoing_requests: 10\n"))
+	rewrite(reloadConfig("three", 3, []string{h1.addr}, "        max_queued_requests: 10\n"))
 	status, res = postReload(t, c, p)
 	if status != http.StatusConflict || len(res.Problems) != 1 ||
-		!strings.Contains(res.Problems[0], "applications[0].deployments[0].max_ongoing_requests: changed from 5 to 10; that takes a restart") {
-		t.Errorf("reload with a new max_ongoing_requests: %d %+v, want 409 naming the field", status, res)
+		!strings.Contains(res.Problems[0], "applications[0].deployments[0].max_queued_requests: changed from -1 to 10; that takes a restart") {
+		t.Errorf("reload with a new max_queued_requests: %d %+v, want 409 naming the field", status, res)
 	}
 	if r := get(t, c, "http://"+p.HTTPAddr+"/hello"); r.body != "two" {
 		t.Errorf("a refused reload changed /hello to %q", r.body)
@@ -186,8 +196,8 @@ func TestReload(t *testing.T) {
 
 // Replica hosts' deployments: a user_config given through the admin API
 // (the file cannot hold one without host_handler) does not make every
-// later reload a 409; and num_replicas, which the hosts read, is refused
-// as taking a restart, not dropped in silence (both found by review).
+// later reload a 409; and num_replicas and max_ongoing_requests, which
+// the hosts read, are refused as taking a restart, not dropped in silence.
 func TestReloadHostDeployments(t *testing.T) {
 	host := startReplicaHost(t, "-handler", "static", "-replicas", "2", "-user-config", `{"body":"hi"}`)
 	hosted := func(numReplicas int) string {
@@ -222,6 +232,15 @@ func TestReloadHostDeployments(t *testing.T) {
 	status, res := postReload(t, c, p)
 	if status != http.StatusConflict || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], "applications[1].deployments[0].num_replicas") {
 		t.Errorf("reload with the hosts' num_replicas changed: %d %+v, want 409 naming it", status, res)
+	}
+	// So is max_ongoing_requests, which the hosts' actors enforce.
+	if err := os.WriteFile(path, []byte(strings.Replace(hosted(2), "host_handler: static\n", "host_handler: static\n        max_ongoing_requests: 7\n", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	status, res = postReload(t, c, p)
+	if status != http.StatusConflict || len(res.Problems) != 1 ||
+		!strings.Contains(res.Problems[0], "applications[1].deployments[0].max_ongoing_requests: 7, running 5; the replica hosts' actors enforce their own") {
+		t.Errorf("reload with the hosts' max_ongoing_requests changed: %d %+v, want 409 naming it", status, res)
 	}
 }
 

@@ -28,8 +28,9 @@ const reloadTimeout = 30 * time.Second
 // reloader applies the config file again to the running proxy, on SIGHUP
 // or POST /-/reload, as Serve's `serve deploy` of a changed file does its
 // light updates: a deployment's user_config (reconfigure), num_replicas
-// (scale), health checks (SetHealthChecks), graceful shutdown timeout and
-// its upstreams or hosts list change in place. A change to
+// (scale), max_ongoing_requests (SetMaxOngoing), health checks
+// (SetHealthChecks), graceful shutdown timeout and its upstreams or hosts
+// list change in place. A change to
 // anything else takes a restart: a file that holds one, or any problem,
 // changes nothing and says what.
 //
@@ -258,14 +259,14 @@ type startPendingError struct{ err error }
 func (e *startPendingError) Error() string { return e.err.Error() }
 
 // liveFields are the deployment fields a reload changes in place.
-var liveFields = []string{"user_config", "num_replicas", "upstreams", "hosts", "health_check_period_s", "health_check_timeout_s", "graceful_shutdown_timeout_s"}
+var liveFields = []string{"user_config", "num_replicas", "max_ongoing_requests", "upstreams", "hosts", "health_check_period_s", "health_check_timeout_s", "graceful_shutdown_timeout_s"}
 
 // plan compares next with what runs: the live changes to make, or the
 // changes that take a restart, one line each naming the field.
 func (rl *reloader) plan(next *config.Config) (changes []change, restart []string) {
 	cur := rl.running
 	needs := func(field, what string) {
-		restart = append(restart, fieldError(next, rl.path, field, fmt.Errorf("%s; that takes a restart (a reload changes user_config, num_replicas of in-process and command deployments, upstreams, hosts, health_check_period_s, health_check_timeout_s and graceful_shutdown_timeout_s)", what)).Error())
+		restart = append(restart, fieldError(next, rl.path, field, fmt.Errorf("%s; that takes a restart (a reload changes user_config, num_replicas of in-process and command deployments, max_ongoing_requests of all but replica hosts', upstreams, hosts, health_check_period_s, health_check_timeout_s and graceful_shutdown_timeout_s)", what)).Error())
 	}
 	for _, f := range changedFields(cur.HTTPOptions, next.HTTPOptions) {
 		needs("http_options."+f.name, f.what())
@@ -309,6 +310,10 @@ func (rl *reloader) plan(next *config.Config) (changes []change, restart []strin
 				// The hosts' actors per host: they read it when they
 				// start, and the proxy learns them when it connects.
 				needs(df+".num_replicas", "changed; the replica hosts read it when they start, and the proxy learns their actors when it connects")
+			}
+			if nd.Handler == config.HandlerHost && nd.MaxOngoingRequests != cd.MaxOngoingRequests {
+				// Each actor enforces its own, authoritatively.
+				needs(df+".max_ongoing_requests", fmt.Sprintf("%d, running %d; the replica hosts' actors enforce their own, read when the hosts start (replica -max-ongoing)", nd.MaxOngoingRequests, cd.MaxOngoingRequests))
 			}
 			if nd.Handler != cd.Handler {
 				continue // what is live differs too
@@ -423,6 +428,12 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 		out = append(out, change{dep: dep,
 			what:  fmt.Sprintf("%s: graceful_shutdown_timeout_s from %v to %v", name, spec.GracefulShutdownTimeout.Seconds(), grace.Seconds()),
 			apply: func(_ context.Context, d *proxy.Deployment) error { return d.SetGracefulShutdownTimeout(grace) }})
+	}
+	if n := nd.MaxOngoingRequests; n != spec.MaxOngoingRequests && nd.Handler != config.HandlerHost {
+		// Before a scale: its new replicas are built with it.
+		out = append(out, change{dep: dep,
+			what:  fmt.Sprintf("%s: max_ongoing_requests from %d to %d", name, spec.MaxOngoingRequests, n),
+			apply: func(_ context.Context, d *proxy.Deployment) error { return d.SetMaxOngoing(n) }})
 	}
 	if dep.Replaces() && nd.NumReplicas != spec.NumReplicas {
 		n := nd.NumReplicas
