@@ -367,6 +367,19 @@ func (d *decoder) scalar(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
 		d.fail(p, at, `must be an integer, got "auto": autoscaling is not supported; set a count, or change it live with PUT /-/applications/{app}/deployments/{deployment}/num_replicas on the admin listener`)
 		return
 	}
+	if s, ok := n.(*ast.StringNode); ok && s.Token != nil && s.Token.Type == token.StringType {
+		if _, err := strconv.ParseFloat(s.Value, 64); errors.Is(err, strconv.ErrRange) {
+			// The parser keeps a number too large for a float as a
+			// plain string: "got string" would read as a quoting
+			// mistake.
+			v := s.Value
+			if len(v) > 40 {
+				v = v[:40] + "..."
+			}
+			d.fail(p, at, "must be %s, got %s: out of range", kindNoun(dst.Kind()), v)
+			return
+		}
+	}
 	d.fail(p, at, "must be %s, got %s", kindNoun(dst.Kind()), describe(n))
 }
 
