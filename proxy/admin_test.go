@@ -100,7 +100,8 @@ func TestGCEndpoints(t *testing.T) {
 		{`{"memory_limit": "lots"}`, "memory_limit: invalid memory limit"},
 		// A number is read as its text, as percent's is: a bare byte
 		// count gets the parser's word on units, not a JSON type error.
-		{`{"memory_limit": 268435456}`, `memory_limit: invalid memory limit \"268435456\" (want a size with a unit`},
+		{`{"memory_limit": 268435456}`, `memory_limit: invalid memory limit \"268435456\": a number with no unit could be bytes or a ratio (want a size with a unit, such as 268435456B or 512MiB`},
+		{`{"memory_limit": 1}`, `a ratio with a decimal point, such as 0.9, where 1.0 is all the memory`},
 		{`{"memory_limit": true}`, `memory_limit: invalid memory limit \"true\"`},
 		{`{"percent": "off", "memory_limit": "none"}`, "without bound"},
 		// A limit beyond the machine's memory bounds nothing either
