@@ -87,18 +87,20 @@ func (a *AccessLogger) write(r *accessRoute, e *accessEntry) {
 }
 
 // appendLine appends e's line to b, or reports false if a value must be
-// escaped, or zerolog would not write the line (its global level).
+// escaped, or zerolog would not write the line (the logger's level, or the
+// global one), or did not write the line's opening when the route was
+// built (a global level above it then).
 func (a *AccessLogger) appendLine(b []byte, r *accessRoute, e *accessEntry, level zerolog.Level) ([]byte, bool) {
-	if zerolog.GlobalLevel() > level ||
+	opening := r.info
+	if level == zerolog.WarnLevel {
+		opening = r.warn
+	}
+	if len(opening) == 0 || zerolog.GlobalLevel() > level || r.log.GetLevel() > level ||
 		!plainJSON(e.requestID) || !plainJSON(e.method) || !plainJSON(e.path) ||
 		!plainJSON(e.replica) || !plainJSON(e.remoteAddr) || !plainJSON(e.err) {
 		return b, false
 	}
-	if level == zerolog.WarnLevel {
-		b = append(b, r.warn...)
-	} else {
-		b = append(b, r.info...)
-	}
+	b = append(b, opening...)
 	b = append(b, r.timeKey...)
 	b = append(b, a.clock.format(e.end)...)
 	b = append(b, `","request_id":"`...)

@@ -204,3 +204,28 @@ func FuzzAccessLine(f *testing.F) {
 		}
 	})
 }
+
+// TestAccessLineLevels: a route built while zerolog's global level hid
+// info lines has no opening of its own, and its lines, once the level
+// allows them, are zerolog's; a logger whose own level hides a line
+// writes none (found by review).
+func TestAccessLineLevels(t *testing.T) {
+	e := accessEntry{end: time.Unix(1_800_000_000, 0), requestID: "id", method: "GET", path: "/", status: 200, replica: "r#1"}
+	var out bytes.Buffer
+	a := NewAccessLogger(&out, "json", nil)
+	prev := zerolog.GlobalLevel()
+	zerolog.SetGlobalLevel(zerolog.ErrorLevel) // no test runs in parallel here
+	r := a.forRoute("default", "/", "hello")
+	zerolog.SetGlobalLevel(prev)
+	a.write(r, &e)
+	quiet := a.forRoute("default", "/", "hello")
+	quiet.log = quiet.log.Level(zerolog.WarnLevel)
+	a.write(quiet, &e)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 1 || !json.Valid([]byte(lines[0])) || !strings.HasPrefix(lines[0], `{"level":"info","component":"access"`) {
+		t.Fatalf("lines %q, want the first route's one info line, as zerolog writes it", lines)
+	}
+}

@@ -163,7 +163,8 @@ func (d *Deployment) giveLimitLocked(r Replica) {
 // requests waiting for a slot take the room at once; lowered, the
 // requests over the new limit finish and none starts on a replica until
 // it is under it. A replica host's actors enforce their own limit: it
-// fails for a deployment of them. n must be at least 1.
+// fails for a deployment of them (one with no actor connected yet cannot
+// tell, and takes n for its Spec only). n must be at least 1.
 func (d *Deployment) SetMaxOngoing(n int) error {
 	if n < 1 {
 		return fmt.Errorf("SetMaxOngoing: %d is below 1: no replica could take a request", n)

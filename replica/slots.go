@@ -5,7 +5,9 @@ import "sync/atomic"
 // slots is a replica's max_ongoing_requests, enforced, and its life-cycle
 // state: every kind of replica (in process, HTTP server, host actor)
 // embeds one. The limit is never exceeded: a slot is taken with a
-// compare-and-swap below the limit, and released exactly once.
+// compare-and-swap below the limit, and released exactly once. A limit
+// lowered live (setMax) leaves the requests over it to finish, and none
+// takes a slot until the count is under it.
 type slots struct {
 	max     atomic.Int64 // a host may announce a new limit on reconnecting
 	state   atomic.Int32
@@ -63,8 +65,9 @@ func (s *slots) TryAcquire() (func(), bool) {
 	if State(s.state.Load()) != StateRunning {
 		return nil, false
 	}
+	var n int64 // the count before this slot
 	for {
-		n := s.ongoing.Load()
+		n = s.ongoing.Load()
 		if n >= s.max.Load() {
 			return nil, false
 		}
@@ -74,13 +77,15 @@ func (s *slots) TryAcquire() (func(), bool) {
 	}
 	// Check the state again now that the slot is held: a drain that began
 	// in between has seen the slot (waitIdle) or will, so the request
-	// either runs before the replica stops or is refused.
-	if State(s.state.Load()) != StateRunning {
+	// either runs before the replica stops or is refused. And the limit:
+	// one lowered in between (setMax) must not let this request start
+	// over it once the change is made.
+	if State(s.state.Load()) != StateRunning || n >= s.max.Load() {
 		s.ongoing.Add(-1) // not releaseSlot: the caller may hold the scheduler's lock
 		return nil, false
 	}
-	n := s.ongoing.Load()
-	for p := s.peak.Load(); n > p && !s.peak.CompareAndSwap(p, n); p = s.peak.Load() {
+	held := s.ongoing.Load()
+	for p := s.peak.Load(); held > p && !s.peak.CompareAndSwap(p, held); p = s.peak.Load() {
 	}
 	return s.release, true
 }
