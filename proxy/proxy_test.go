@@ -716,8 +716,9 @@ func TestAccessLogLine(t *testing.T) {
 }
 
 // A 5xx's access-log line says why; a 200's has no error.
-// A path or request id longer than a log buffer is cut in the line, not
-// the line dropped: a client could keep its request out of the log.
+// A path, request id or method longer than a log buffer is cut in the
+// line, not the line dropped: a client could keep its request out of the
+// log.
 func TestAccessLogClipsLongValues(t *testing.T) {
 	tp := startProxyWith(t, Options{}, ServerOptions{ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: 1 << 20},
 		testDeployment{app: "a", prefix: "/", factory: static("hi")})
@@ -731,6 +732,20 @@ func TestAccessLogClipsLongValues(t *testing.T) {
 	if !strings.Contains(tp.access.String(), `"request_id":"`+long[:maxLoggedValue]+`..."`) {
 		t.Errorf("the request id is not clipped in the line")
 	}
+	// A method is a token of any length too (found by a tester: a line of
+	// a megabyte, or none).
+	method := strings.Repeat("M", 70_000)
+	req, err := http.NewRequest(method, tp.url+"/m", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	want = `"method":"` + method[:maxLoggedValue] + `...","path":"/m"`
+	waitFor(t, "the long method's line, clipped", func() bool { return strings.Contains(tp.access.String(), want) })
 }
 
 func TestAccessLogError(t *testing.T) {

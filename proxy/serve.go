@@ -506,7 +506,7 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 	e := accessEntry{
 		end:        res.end, // already read: time.Now is a measurable cost per request on virtual machines
 		requestID:  clipped(id),
-		method:     r.Method,
+		method:     clipped(r.Method), // a token, but of any length up to the header limit
 		path:       clipped(r.URL.Path),
 		status:     res.status,
 		bytes:      res.bytes,

@@ -196,12 +196,12 @@ func NewUpstream(id, baseURL string, o UpstreamOptions) (*Upstream, error) {
 func (u *Upstream) ID() string { return u.id }
 
 // SetMaxOngoing changes the replica's max_ongoing_requests (see
-// Deployment.SetMaxOngoing), and the bound on its connections with it
-// when its client was sized to the limit (an UpstreamClient, shared by the
-// deployment's replicas: the first of them to change moves it).
+// Deployment.SetMaxOngoing). An UpstreamClient's bound on connections
+// (shared by the deployment's replicas) rises with it, so that no request
+// holding a slot waits for a connection.
 func (u *Upstream) SetMaxOngoing(n int) {
-	if c, ok := u.rt.(*UpstreamClient); ok && c.maxConns.Load() == u.max.Load() {
-		c.SetMaxConnsPerReplica(n)
+	if c, ok := u.rt.(*UpstreamClient); ok {
+		c.fitLimit(n)
 	}
 	u.setMax(n)
 }

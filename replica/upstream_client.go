@@ -49,7 +49,7 @@ import (
 // NewUpstreamClient.
 type UpstreamClient struct {
 	dialer        net.Dialer
-	maxConns      atomic.Int64  // per replica; 0 for no bound (see SetMaxConnsPerReplica)
+	maxConns      atomic.Int64  // per replica; 0 for no bound (raised by fitLimit)
 	maxIdle       atomic.Int64  // idle connections kept per replica
 	idleTimeout   time.Duration // an idle connection is closed after it
 	headerTimeout time.Duration // 0 for none
@@ -91,15 +91,28 @@ func NewUpstreamClient(o TransportOptions) *UpstreamClient {
 	return c
 }
 
-// SetMaxConnsPerReplica changes the bound on the connections to each
-// replica, and on those kept idle, as its deployment's
-// max_ongoing_requests changes live. Requests waiting for a connection
-// get the new room at once; lowered, the connections over the bound
-// close as their requests end.
-func (c *UpstreamClient) SetMaxConnsPerReplica(n int) {
-	c.maxConns.Store(int64(n))
-	if n > 0 {
-		c.maxIdle.Store(int64(n))
+// fitLimit raises the bound on the connections to each replica, and on
+// those kept idle, to at least n, as its deployment's
+// max_ongoing_requests rises live: requests waiting for a connection get
+// the room at once. It never lowers them: a request holding one of its
+// replica's slots must never wait for a connection, and a lowered limit
+// leaves the requests over it running; the connections over a lower limit
+// close when idle for the idle timeout. A client with no bound keeps none.
+func (c *UpstreamClient) fitLimit(n int) {
+	if c.maxConns.Load() <= 0 {
+		return
+	}
+	grew := false
+	for _, v := range []*atomic.Int64{&c.maxConns, &c.maxIdle} {
+		for cur := v.Load(); cur < int64(n); cur = v.Load() {
+			if v.CompareAndSwap(cur, int64(n)) {
+				grew = true
+				break
+			}
+		}
+	}
+	if !grew {
+		return
 	}
 	for _, p := range c.allPools() {
 		p.mu.Lock()

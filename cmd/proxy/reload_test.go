@@ -521,3 +521,37 @@ func TestReloadChecksWhatTheAdminAPIGave(t *testing.T) {
 		t.Fatalf("reload of a user_config static refuses: %d %+v, want 400 naming line 10's user_config", status, res)
 	}
 }
+
+// A reload that lowers max_ongoing_requests and adds an upstream lowers
+// the limit first: the new upstream's replica joins with the new one, and
+// takes no queued request under the old (found by a tester, who saw five
+// requests given at once to a replica whose limit was 1).
+func TestReloadLimitBeforeTargets(t *testing.T) {
+	h1, h2 := startHi(t), startHi(t)
+	conf := func(limit int, ups ...string) string {
+		return `applications:
+  - name: up
+    route_prefix: /
+    deployments:
+      - name: up
+        handler: upstream
+        upstreams: ["http://` + strings.Join(ups, `", "http://`) + `"]
+        health_check_path: /
+        max_ongoing_requests: ` + itoa(limit) + "\n"
+	}
+	path := writeConfig(t, conf(5, h1.addr))
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 4)
+	if err := os.WriteFile(path, []byte(conf(1, h1.addr, h2.addr)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	status, res := postReload(t, c, p)
+	if status != http.StatusOK || len(res.Applied) != 2 ||
+		!strings.Contains(res.Applied[0], "max_ongoing_requests from 5 to 1") || !strings.Contains(res.Applied[1], "upstreams") {
+		t.Fatalf("reload: %d %+v, want max_ongoing_requests applied, then the upstreams", status, res)
+	}
+	d := getApplications(t, c, p).Applications[0].Deployments[0]
+	if len(d.Replicas) != 2 || d.MaxOngoing != 1 {
+		t.Errorf("after the reload: %d replicas, max_ongoing_requests %d (absent when they differ); want 2 replicas, all at 1", len(d.Replicas), d.MaxOngoing)
+	}
+}

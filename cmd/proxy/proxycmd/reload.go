@@ -372,7 +372,14 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 	spec := dep.Spec()
 	name := fmt.Sprintf("application %q deployment %q", spec.App, spec.Name)
 	var out []change
-	// The targets first: replicas a new upstream or host brings get the
+	if n := nd.MaxOngoingRequests; n != spec.MaxOngoingRequests && nd.Handler != config.HandlerHost {
+		// Before the targets and a scale: the replicas they bring join
+		// with it, and take no queued request under the old one.
+		out = append(out, change{dep: dep,
+			what:  fmt.Sprintf("%s: max_ongoing_requests from %d to %d", name, spec.MaxOngoingRequests, n),
+			apply: func(_ context.Context, d *proxy.Deployment) error { return d.SetMaxOngoing(n) }})
+	}
+	// Then the targets: replicas a new upstream or host brings get the
 	// reconfigure that follows.
 	if list := staticTargets(nd); list != nil && !sameTargets(list, rl.targets[i][j]) {
 		field := "upstreams"
@@ -428,12 +435,6 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 		out = append(out, change{dep: dep,
 			what:  fmt.Sprintf("%s: graceful_shutdown_timeout_s from %v to %v", name, spec.GracefulShutdownTimeout.Seconds(), grace.Seconds()),
 			apply: func(_ context.Context, d *proxy.Deployment) error { return d.SetGracefulShutdownTimeout(grace) }})
-	}
-	if n := nd.MaxOngoingRequests; n != spec.MaxOngoingRequests && nd.Handler != config.HandlerHost {
-		// Before a scale: its new replicas are built with it.
-		out = append(out, change{dep: dep,
-			what:  fmt.Sprintf("%s: max_ongoing_requests from %d to %d", name, spec.MaxOngoingRequests, n),
-			apply: func(_ context.Context, d *proxy.Deployment) error { return d.SetMaxOngoing(n) }})
 	}
 	if dep.Replaces() && nd.NumReplicas != spec.NumReplicas {
 		n := nd.NumReplicas
