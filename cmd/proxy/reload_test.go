@@ -555,3 +555,27 @@ func TestReloadLimitBeforeTargets(t *testing.T) {
 		t.Errorf("after the reload: %d replicas, max_ongoing_requests %d (absent when they differ); want 2 replicas, all at 1", len(d.Replicas), d.MaxOngoing)
 	}
 }
+
+// A SIGHUP after a SIGTERM changes nothing: the reload it asks for is
+// refused, not made while the deployments stop (found by a tester: one
+// that waited for a POST /-/reload was made after the drain began, and
+// failed). (Sent together, the kernel delivers SIGHUP first: that one is
+// a reload begun before the shutdown.)
+func TestReloadRefusedOnceShuttingDown(t *testing.T) {
+	path := writeConfig(t, reloadConfig("one", 1, []string{startHi(t).addr}, ""))
+	p := startProxy(t, map[string]string{"PROXY_DRAIN_DELAY": "2s"}, "-config", path)
+	if err := os.WriteFile(path, []byte(reloadConfig("two", 1, []string{startHi(t).addr}, "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p.signal(syscall.SIGTERM)
+	if !p.waitLogged("draining", 10*time.Second) {
+		t.Fatalf("no drain logged:\n%s", strings.Join(p.stderrLines(), "\n"))
+	}
+	p.signal(syscall.SIGHUP)
+	if code, ok := p.wait(30 * time.Second); !ok || code != 0 {
+		t.Fatalf("exit %d (exited: %v), want 0", code, ok)
+	}
+	if p.logged("config reloaded") || p.logged("config reload:") || !p.logged("nothing is reloaded") {
+		t.Fatalf("a reload was made during the shutdown, or its refusal not logged:\n%s", strings.Join(p.stderrLines(), "\n"))
+	}
+}

@@ -2,6 +2,7 @@ package proxycmd
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -13,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/serveproxy/serveproxy/config"
 	"github.com/serveproxy/serveproxy/replica"
@@ -290,5 +293,25 @@ func TestChangedFields(t *testing.T) {
 	want := map[string]string{"max_ongoing_requests": "changed from 5 to 10", "env": "changed"}
 	if !maps.Equal(got, want) {
 		t.Errorf("changedFields = %v, want %v", got, want)
+	}
+}
+
+// A reload that gets its turn once the shutdown has begun (it waited for
+// another, or its SIGHUP came with the SIGTERM) changes nothing, and says
+// so.
+func TestReloadRefusedWhenStopping(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "serve.yaml")
+	if err := os.WriteFile(path, []byte("applications: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	rl := newReloader(path, config.Env{}, replica.NewRegistry(), &config.Config{}, nil, zerolog.New(&logs))
+	rl.stopping = func() bool { return true }
+	res := rl.Reload(context.Background())
+	if res.Status != http.StatusServiceUnavailable || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], "shutting down") {
+		t.Fatalf("Reload while stopping: %+v, want 503 saying the proxy is shutting down", res)
+	}
+	if !strings.Contains(logs.String(), "nothing is reloaded") {
+		t.Fatalf("log %q, want the refusal", logs.String())
 	}
 }

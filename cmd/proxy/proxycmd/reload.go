@@ -58,6 +58,10 @@ type reloader struct {
 	// or at a reload): the same one again is not checked again.
 	checked [][]json.RawMessage
 	log     zerolog.Logger
+	// stopping, if set, reports that the proxy's shutdown has begun: a
+	// reload asked for just before (a SIGHUP right after a SIGTERM, or
+	// one that waited for another reload) then changes nothing.
+	stopping func() bool
 }
 
 func newReloader(path string, e config.Env, reg *replica.Registry, running *config.Config, apps []*proxy.Application, log zerolog.Logger) *reloader {
@@ -107,6 +111,11 @@ type change struct {
 func (rl *reloader) Reload(ctx context.Context) proxy.ReloadResult {
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
+	if rl.stopping != nil && rl.stopping() {
+		rl.log.Warn().Msg("config reload asked for as the proxy shuts down: nothing is reloaded")
+		return proxy.ReloadResult{Config: displayName(rl.path), Status: http.StatusServiceUnavailable, Applied: []string{},
+			Problems: []string{"the proxy is shutting down: nothing is reloaded"}}
+	}
 	res := rl.reload(ctx)
 	if res.Applied == nil {
 		res.Applied = []string{}
@@ -147,6 +156,12 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 	if len(restart) > 0 {
 		res.Status = http.StatusConflict
 		res.Problems = restart
+		return res
+	}
+	if len(changes) > 0 && rl.stopping != nil && rl.stopping() {
+		// The shutdown began while the file was read and checked.
+		res.Status = http.StatusServiceUnavailable
+		res.Problems = []string{"the proxy is shutting down: nothing is reloaded"}
 		return res
 	}
 	for _, c := range changes {

@@ -103,6 +103,8 @@ func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path s
 	if err != nil {
 		return err
 	}
+	// ctx ends with SIGTERM or SIGINT a moment before the proxy drains.
+	rl.stopping = func() bool { return ctx.Err() != nil || p.Draining() }
 	// Discovery feeds the upstream deployments' replica sets until the
 	// requests in flight are done (OnDrained), not just until the signal:
 	// the drain delay and the grace period still serve.
