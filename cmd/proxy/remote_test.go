@@ -1300,7 +1300,7 @@ func TestStartAnswers503(t *testing.T) {
 		return false
 	})
 	c := newClient(t, 4)
-	for _, url := range []string{"http://" + addrs.HTTPAddr + "/", "http://" + addrs.HTTPAddr + "/-/healthz", "http://" + addrs.AdminAddr + "/-/healthz"} {
+	for _, url := range []string{"http://" + addrs.HTTPAddr + "/", "http://" + addrs.HTTPAddr + "/-/healthz", "http://" + addrs.AdminAddr + "/-/healthz", "http://" + addrs.AdminAddr + "/-/applications"} {
 		resp, err := c.Get(url)
 		if err != nil {
 			t.Fatalf("GET %s during the start: %v", url, err)
@@ -1309,6 +1309,11 @@ func TestStartAnswers503(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !resp.Close || !strings.Contains(string(body), "not running yet") {
 			t.Errorf("GET %s during the start: %d Retry-After %q close %v %q, want 503 with Retry-After on a closed connection", url, resp.StatusCode, resp.Header.Get("Retry-After"), resp.Close, body)
+		}
+		// The admin API answers its errors in JSON, this one too (found
+		// by a tester).
+		if strings.HasSuffix(url, "/-/applications") && (resp.Header.Get("Content-Type") != "application/json" || !json.Valid(body)) {
+			t.Errorf("GET %s during the start: %s %q, want a JSON error", url, resp.Header.Get("Content-Type"), body)
 		}
 	}
 
@@ -1334,12 +1339,12 @@ func TestStartAnswers503(t *testing.T) {
 	// The start's 503s came before the access log: a line counts them.
 	found := false
 	for _, line := range p.stderrLines() {
-		if strings.Contains(line, `"requests":3`) && strings.Contains(line, "answered 503 during the start") {
+		if strings.Contains(line, `"requests":4`) && strings.Contains(line, "answered 503 during the start") {
 			found = true
 		}
 	}
 	if !found {
-		t.Errorf("no log line counting the 3 answers of the start:\n%s", strings.Join(p.stderrLines(), "\n"))
+		t.Errorf("no log line counting the 4 answers of the start:\n%s", strings.Join(p.stderrLines(), "\n"))
 	}
 }
 

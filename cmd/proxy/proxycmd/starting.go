@@ -56,16 +56,17 @@ func (l *lentListener) Close() error { return nil } // the proxy's, and still op
 func serveStarting(log zerolog.Logger, readHeaderTimeout time.Duration, maxHeaderBytes int, listeners ...net.Listener) *startingServer {
 	s := &startingServer{}
 	errLog := stdlog.New(log.With().Str("component", "http").Logger(), "", 0)
-	for _, l := range listeners {
+	for i, l := range listeners {
 		tl, ok := l.(*net.TCPListener)
 		if !ok {
 			continue
 		}
+		admin := i > 0 // the public listener first
 		ll := &lentListener{TCPListener: tl}
 		srv := &http.Server{
 			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				s.answered.Add(1)
-				answerStarting(w, r)
+				answerStarting(w, r, admin)
 			}),
 			ReadHeaderTimeout: readHeaderTimeout,
 			MaxHeaderBytes:    maxHeaderBytes,
@@ -78,10 +79,17 @@ func serveStarting(log zerolog.Logger, readHeaderTimeout time.Duration, maxHeade
 	return s
 }
 
-// answerStarting is every answer during the start.
-func answerStarting(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+// answerStarting is every answer during the start: on the admin listener
+// in JSON, as the admin API's errors are, but for /-/healthz.
+func answerStarting(w http.ResponseWriter, r *http.Request, admin bool) {
 	w.Header().Set("Retry-After", "1")
+	if admin && r.URL.Path != "/-/healthz" {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(startingJSON))
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.WriteHeader(http.StatusServiceUnavailable)
 	msg := "The proxy is starting: its deployments are not running yet.\n"
 	if r.URL.Path == "/-/healthz" {
@@ -89,6 +97,9 @@ func answerStarting(w http.ResponseWriter, r *http.Request) {
 	}
 	_, _ = w.Write([]byte(msg))
 }
+
+// startingJSON is the admin API's answer during the start.
+const startingJSON = `{"error": "the proxy is starting: its deployments are not running yet; nothing was changed (try again once /-/healthz answers 200)"}` + "\n"
 
 // handBack stops accepting and returns once the answers in flight are
 // written (for up to a second; a connection that has not sent its request
