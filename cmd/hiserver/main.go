@@ -34,6 +34,10 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:9000", "address to listen on")
 	headers := flag.Bool("headers", false, "set X-Request-Id and Content-Type on every response, as the proxy does")
 	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "hiserver: unexpected arguments %q (the address goes in -listen)\n", flag.Args())
+		os.Exit(2)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()

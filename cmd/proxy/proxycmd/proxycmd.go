@@ -105,7 +105,16 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 			e, _ = config.ReadEnv(map[string]string{"PROXY_CONFIG": env["PROXY_CONFIG"]})
 		}
 	}
+	configSet := false
+	fs.Visit(func(f *flag.Flag) { configSet = configSet || f.Name == "config" })
+	if configSet && *configPath == "" {
+		fmt.Fprintln(stderr, "proxy: -config: the path is empty (leave the flag out to serve PROXY_CONFIG's file, or the built-in app)")
+		return exitInvalid
+	}
 	unknownEnv := append(config.UnknownEnv(env), config.IgnoredEnv(env)...)
+	if v := env["PROXY_CONFIG"]; configSet && v != "" && v != *configPath {
+		unknownEnv = append(unknownEnv, fmt.Sprintf("PROXY_CONFIG=%s is ignored: -config %s wins", v, *configPath))
+	}
 	if *check {
 		for _, w := range unknownEnv {
 			fmt.Fprintln(stderr, "warning:", w)

@@ -315,3 +315,26 @@ func TestReloadRefusedWhenStopping(t *testing.T) {
 		t.Fatalf("log %q, want the refusal", logs.String())
 	}
 }
+
+// An empty -config path is refused rather than taken for no flag, and a PROXY_CONFIG
+// that -config overrides is named in a warning (both found by a tester:
+// the one served the built-in app, the other was dropped in silence).
+func TestConfigFlagAndVariable(t *testing.T) {
+	good := filepath.Join(t.TempDir(), "good.yaml")
+	if err := os.WriteFile(good, []byte("applications:\n  - name: a\n    route_prefix: /\n    deployments:\n      - {name: d, handler: static}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if code := Run(context.Background(), []string{"-check", "-config", ""}, map[string]string{"PROXY_CONFIG": good}, nil, io.Discard, &out); code != exitInvalid || !strings.Contains(out.String(), "-config: the path is empty") {
+		t.Errorf("-config '': exit %d, %q; want 2 naming the empty path", code, out.String())
+	}
+	out.Reset()
+	if code := Run(context.Background(), []string{"-check", "-config", good}, map[string]string{"PROXY_CONFIG": "/elsewhere.yaml"}, nil, io.Discard, &out); code != exitOK ||
+		!strings.Contains(out.String(), "warning: PROXY_CONFIG=/elsewhere.yaml is ignored: -config "+good+" wins") {
+		t.Errorf("-config with another PROXY_CONFIG: exit %d, %q; want 0 with a warning naming both", code, out.String())
+	}
+	out.Reset()
+	if code := Run(context.Background(), []string{"-check", "-config", good}, map[string]string{"PROXY_CONFIG": good}, nil, io.Discard, &out); code != exitOK || strings.Contains(out.String(), "warning") {
+		t.Errorf("-config and PROXY_CONFIG the same: exit %d, %q; want 0 and no warning", code, out.String())
+	}
+}
