@@ -316,9 +316,10 @@ func TestReloadRefusedWhenStopping(t *testing.T) {
 	}
 }
 
-// An empty -config path is refused rather than taken for no flag, and a PROXY_CONFIG
-// that -config overrides is named in a warning (both found by a tester:
-// the one served the built-in app, the other was dropped in silence).
+// An empty -config path is refused rather than taken for no flag, and a
+// PROXY_CONFIG that -config overrides is named in a warning (both found
+// by a tester: the one served the built-in app, the other was dropped in
+// silence).
 func TestConfigFlagAndVariable(t *testing.T) {
 	good := filepath.Join(t.TempDir(), "good.yaml")
 	if err := os.WriteFile(good, []byte("applications:\n  - name: a\n    route_prefix: /\n    deployments:\n      - {name: d, handler: static}\n"), 0o600); err != nil {
