@@ -1253,6 +1253,10 @@ func TestSignalDuringStart(t *testing.T) {
 	if code, exited := p.wait(500 * time.Millisecond); exited {
 		t.Fatalf("SIGHUP during the start ended the proxy (exit %d)", code)
 	}
+	// And it says so as it comes (it was silent; a tester).
+	if !p.waitLogged("SIGHUP during the start: the file is reloaded once the start is done", 10*time.Second) {
+		t.Errorf("no log line for the SIGHUP during the start:\n%s", strings.Join(p.stderrLines(), "\n"))
+	}
 	p.signal(syscall.SIGTERM)
 	code, ok := p.wait(30 * time.Second)
 	if !ok {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rs/zerolog"
 
@@ -62,7 +63,31 @@ func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path s
 	if logOut != nil {
 		outputLog = proxy.NewLogger(logOut.Waiting(), e.LogLevel, e.LogFormat)
 	}
+	// A SIGHUP is logged as it comes during the start, and the reload it
+	// asks for made once the start is done (several make one: it reads
+	// the file as it is then).
+	reloads := make(chan struct{}, 1)
+	var started atomic.Bool
+	hupsDone := make(chan struct{})
+	defer close(hupsDone)
+	go func() {
+		for {
+			select {
+			case <-hupsDone:
+				return
+			case <-hup:
+				if !started.Load() {
+					log.Info().Msg("SIGHUP during the start: the file is reloaded once the start is done")
+				}
+				select {
+				case reloads <- struct{}{}:
+				default: // one is pending: it reads the file as it is then
+				}
+			}
+		}
+	}()
 	apps, discoveries, err := build(ctx, cfg, e, reg, log, outputLog)
+	started.Store(true)
 	if n := starting.handBack(); n > 0 {
 		log.Info().Int64("requests", n).Msg("answered 503 during the start (probes of /-/healthz included), before the access log began")
 	}
@@ -119,7 +144,7 @@ func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path s
 			select {
 			case <-dctx.Done():
 				return
-			case <-hup:
+			case <-reloads:
 				if p.Draining() {
 					log.Warn().Msg("SIGHUP while shutting down: nothing is reloaded")
 					continue
