@@ -134,9 +134,15 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 		path = e.ConfigPath
 	}
 	if path != "" {
-		fi, err := os.Stat(path)
-		if err == nil && fi.IsDir() {
-			err = fmt.Errorf("%s is a directory, not a YAML file", path)
+		// Opened, not only looked at: one that cannot be read (its
+		// permissions) is named with where it came from too.
+		f, err := os.Open(path)
+		if err == nil {
+			var fi os.FileInfo
+			if fi, err = f.Stat(); err == nil && fi.IsDir() {
+				err = fmt.Errorf("%s is a directory, not a YAML file", path)
+			}
+			f.Close()
 		}
 		if err != nil {
 			from := "-config"
