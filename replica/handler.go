@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 )
 
@@ -148,7 +149,7 @@ func (r *Registry) Lookup(name string) (Factory, error) {
 	case !ok && slices.Contains(reservedHandlers, name):
 		return nil, fmt.Errorf("handler %q runs replicas outside the process, not in it (in-process handlers: %v)", name, r.Names())
 	case !ok:
-		return nil, fmt.Errorf("unknown handler %q (registered: %v; and %q for replicas outside the process)", name, r.Names(), reservedHandlers)
+		return nil, fmt.Errorf("unknown handler %q (registered: %s; and %s for replicas outside the process)", name, strings.Join(r.Names(), ", "), strings.Join(reservedHandlers, ", "))
 	}
 	return f, nil
 }

@@ -54,7 +54,7 @@ func TestCustomBinary(t *testing.T) {
 
 	res := runProxy(t, nil, "-check", "-config", path)
 	for _, want := range []string{
-		`applications[0].deployments[0].handler: unknown handler "shout" (registered: [echo sleep static]`,
+		`applications[0].deployments[0].handler: unknown handler "shout" (registered: echo, sleep, static; and upstream, command, host for replicas outside the process)`,
 		`applications[1].deployments[0].host_handler: unknown handler "shout"`,
 	} {
 		if res.code != exitInvalid || !strings.Contains(res.stderr, want) {
