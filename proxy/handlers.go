@@ -29,11 +29,18 @@ func (p *Proxy) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if path := r.URL.Path; len(path) > 3 && path[:3] == "/-/" {
 			switch path {
-			case "/-/healthz":
-				p.healthz(w, r)
-				return
-			case "/-/routes":
-				p.routes(w, r)
+			case "/-/healthz", "/-/routes":
+				if r.Method != http.MethodGet && r.Method != http.MethodHead {
+					// They only read, as on the admin listener.
+					w.Header().Set("Allow", "GET, HEAD")
+					http.Error(w, r.Method+" "+path+": not a method of this endpoint; it takes GET, HEAD", http.StatusMethodNotAllowed)
+					return
+				}
+				if path == "/-/healthz" {
+					p.healthz(w, r)
+				} else {
+					p.routes(w, r)
+				}
 				return
 			}
 		}
@@ -68,7 +75,7 @@ func (p *Proxy) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 	})
 	r := chi.NewRouter()
 	r.Use(middleware.GetHead) // HEAD of every GET (a probe's curl -I)
-	r.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorLog: promLogger{p}}))
+	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorLog: promLogger{p}}))
 	r.Get("/-/healthz", p.healthz)
 	r.Get("/-/routes", p.routes)
 	r.Get("/-/applications", p.getApplications)

@@ -275,6 +275,22 @@ func TestRoutingAndOwnEndpoints(t *testing.T) {
 	if resp, _ := get(t, tp.url+"/metrics"); resp.StatusCode != 404 {
 		t.Fatalf("/metrics on the public port = %d, want 404", resp.StatusCode)
 	}
+	// Its own endpoints only read: another method is a 405, as on the
+	// admin listener (they answered 200 to a PUT; a tester).
+	for _, url := range []string{tp.url + "/-/healthz", tp.url + "/-/routes", tp.adminURL + "/metrics"} {
+		req, _ := http.NewRequest(http.MethodPut, url, strings.NewReader("x"))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusMethodNotAllowed || !strings.Contains(resp.Header.Get("Allow"), "GET") {
+			t.Errorf("PUT %s = %d (Allow %q), want 405 allowing GET", url, resp.StatusCode, resp.Header.Get("Allow"))
+		}
+	}
+	if resp, _ := get(t, tp.adminURL+"/metrics"); resp.StatusCode != 200 {
+		t.Errorf("GET /metrics = %d", resp.StatusCode)
+	}
 }
 
 func TestRequestID(t *testing.T) {
