@@ -66,6 +66,8 @@ type deploymentStatus struct {
 	// Unconnected are targets found (upstreams or replica hosts in DNS)
 	// that it could not connect to yet.
 	Unconnected []replica.TargetError `json:"unconnected_targets,omitempty"`
+	// DiscoveryError is its DNS discovery's last failure, while it fails.
+	DiscoveryError string `json:"discovery_error,omitempty"`
 }
 
 // deploymentStatusOf asks d's replicas for their stats (one broadcast).
@@ -77,6 +79,13 @@ func deploymentStatusOf(ctx context.Context, d *Deployment) deploymentStatus {
 func deploymentStatusFrom(d *Deployment, replicas []replica.ReplicaStatus) deploymentStatus {
 	spec := d.Spec()
 	status, message := deploymentHealth(replicas, spec.NumReplicas, d.GaveUp())
+	discErr := d.DiscoveryError()
+	if discErr != "" {
+		if message != "" {
+			message += "; "
+		}
+		message += "DNS discovery is failing, the last replicas it found kept (see discovery_error)"
+	}
 	return deploymentStatus{
 		Name:                     spec.Name,
 		Status:                   status,
@@ -91,6 +100,7 @@ func deploymentStatusFrom(d *Deployment, replicas []replica.ReplicaStatus) deplo
 		UserConfig:               spec.UserConfig,
 		Replicas:                 replicas,
 		Unconnected:              d.Unconnected(),
+		DiscoveryError:           discErr,
 	}
 }
 

@@ -33,6 +33,32 @@ type Deployment struct {
 	// time; nil if it is no route's ingress.
 	replicaMetrics *routeMetrics
 	maxQueued      int // max_queued_requests; < 0 means no limit
+	// discoveryErr is its DNS discovery's last failure, nil once it
+	// answers again (see SetDiscoveryError).
+	discoveryErr atomic.Pointer[string]
+}
+
+// SetDiscoveryError records that the deployment's DNS discovery failed
+// with err (its last known replicas stay), or, with nil, that it answers
+// again: GET /-/applications says so, where "no replica is running (0
+// wanted)" alone read as nothing wanted. It suits
+// replica.DiscoveryOptions.OnError.
+func (d *Deployment) SetDiscoveryError(err error) {
+	if err == nil {
+		d.discoveryErr.Store(nil)
+		return
+	}
+	msg := err.Error()
+	d.discoveryErr.Store(&msg)
+}
+
+// DiscoveryError is the DNS discovery's last failure, "" if none or it
+// answers again.
+func (d *Deployment) DiscoveryError() string {
+	if m := d.discoveryErr.Load(); m != nil {
+		return *m
+	}
+	return ""
 }
 
 // NewDeployment builds a deployment's replicas and its scheduler, wired so

@@ -49,8 +49,9 @@ type DiscoveryOptions struct {
 	// error (a replica it could not connect to), it is given the next
 	// answer too, the same or not, to try again. It is required.
 	OnChange func(urls []string) error
-	// OnError is told of each failed resolution; the last set stays in
-	// force. If nil, failures are only logged.
+	// OnError is told of each failed resolution (the last set stays in
+	// force), and told nil at the first answer after failures. If nil,
+	// failures are only logged.
 	OnError func(error)
 	// Log receives failed resolutions. The zero Logger logs nothing.
 	Log zerolog.Logger
@@ -262,6 +263,10 @@ func isNotFound(err error) bool {
 	return errors.As(err, &de) && de.IsNotFound
 }
 
+// SetOnError sets DiscoveryOptions.OnError: for a caller that has what
+// it reports to only once the discovery is built. Call it before Run.
+func (d *Discovery) SetOnError(f func(error)) { d.opts.OnError = f }
+
 // Run resolves the target at once and then every Interval, telling
 // OnChange of each new set, until ctx is done; it returns then, having
 // started nothing that outlives it. A failed resolution is logged and
@@ -286,6 +291,9 @@ func (d *Discovery) Run(ctx context.Context) {
 		if err == nil && failures > 0 {
 			d.opts.Log.Info().Str("discovery", d.target).Int("failures", failures).Msg("DNS discovery answers again")
 			failures = 0
+			if d.opts.OnError != nil {
+				d.opts.OnError(nil)
+			}
 		}
 		switch {
 		case err != nil:

@@ -102,31 +102,35 @@ func startListeningEnv(t *testing.T, vars map[string]string, bin string, args ..
 // applications reads the admin GET /-/applications.
 type applications struct {
 	Applications []struct {
-		Name        string `json:"name"`
-		Status      string `json:"status"`
-		Message     string `json:"message"`
-		Deployments []struct {
-			Name        string  `json:"name"`
-			Status      string  `json:"status"`
-			Message     string  `json:"message"`
-			MaxOngoing  int     `json:"max_ongoing_requests"`
-			HealthS     float64 `json:"health_check_period_s"`
-			HealthTO    float64 `json:"health_check_timeout_s"`
-			GraceS      float64 `json:"graceful_shutdown_timeout_s"`
-			Unconnected []struct {
-				Target string `json:"target"`
-				Error  string `json:"error"`
-			} `json:"unconnected_targets"`
-			Replicas []struct {
-				ID      string `json:"id"`
-				Target  string `json:"target"`
-				State   string `json:"state"`
-				Healthy bool   `json:"healthy"`
-				Served  int    `json:"served"`
-				Ongoing int    `json:"ongoing"`
-			} `json:"replicas"`
-		} `json:"deployments"`
+		Name        string         `json:"name"`
+		Status      string         `json:"status"`
+		Message     string         `json:"message"`
+		Deployments []deploymentOf `json:"deployments"`
 	} `json:"applications"`
+}
+
+// deploymentOf is one deployment in GET /-/applications.
+type deploymentOf struct {
+	Name        string  `json:"name"`
+	Status      string  `json:"status"`
+	Message     string  `json:"message"`
+	MaxOngoing  int     `json:"max_ongoing_requests"`
+	HealthS     float64 `json:"health_check_period_s"`
+	HealthTO    float64 `json:"health_check_timeout_s"`
+	GraceS      float64 `json:"graceful_shutdown_timeout_s"`
+	Unconnected []struct {
+		Target string `json:"target"`
+		Error  string `json:"error"`
+	} `json:"unconnected_targets"`
+	Replicas []struct {
+		ID      string `json:"id"`
+		Target  string `json:"target"`
+		State   string `json:"state"`
+		Healthy bool   `json:"healthy"`
+		Served  int    `json:"served"`
+		Ongoing int    `json:"ongoing"`
+	} `json:"replicas"`
+	DiscoveryError string `json:"discovery_error"`
 }
 
 func getApplications(t *testing.T, c *http.Client, p *proc) applications {
@@ -413,6 +417,7 @@ func startProxyUnhealthy(t *testing.T, config string) *proc {
 type srvZone struct {
 	mu    sync.Mutex
 	ports []int
+	fail  bool // answer SERVFAIL
 	addr  string
 }
 
@@ -438,6 +443,12 @@ func (z *srvZone) set(ports ...int) {
 	z.ports = ports
 }
 
+func (z *srvZone) setFail(fail bool) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.fail = fail
+}
+
 // ServeDNS implements dns.Handler.
 func (z *srvZone) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	m := new(dns.Msg)
@@ -449,6 +460,8 @@ func (z *srvZone) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	q := req.Question[0]
 	hdr := dns.RR_Header{Name: q.Name, Rrtype: q.Qtype, Class: dns.ClassINET, Ttl: 1}
 	switch {
+	case z.fail:
+		m.Rcode = dns.RcodeServerFailure
 	case q.Qtype == dns.TypeSRV && q.Name == "_http._tcp.hi.test.":
 		if len(z.ports) == 0 {
 			m.Rcode = dns.RcodeNameError // all gone
@@ -541,6 +554,21 @@ func TestDiscoveryFollowsDNS(t *testing.T) {
 	if served.Load() != 20 {
 		t.Fatalf("%d of 20 requests served after the replica came back", served.Load())
 	}
+	// A resolver that fails keeps the replica, and GET /-/applications
+	// says why no change comes (it said nothing; a tester).
+	z.setFail(true)
+	var d deploymentOf
+	waitUntil(t, "the discovery's failure shown", func() bool {
+		d = getApplications(t, c, p).Applications[0].Deployments[0]
+		return d.DiscoveryError != ""
+	})
+	if !strings.Contains(d.Message, "DNS discovery is failing") || len(d.Replicas) != 1 {
+		t.Errorf("while DNS fails: message %q, %d replicas; want the failure named and the replica kept", d.Message, len(d.Replicas))
+	}
+	z.setFail(false)
+	waitUntil(t, "the failure cleared once DNS answers", func() bool {
+		return getApplications(t, c, p).Applications[0].Deployments[0].DiscoveryError == ""
+	})
 }
 
 // startHanging listens on loopback and never answers a request; with

@@ -129,6 +129,9 @@ func buildDeployment(ctx context.Context, a config.Application, d config.Deploym
 	if hostsBuilt != nil {
 		hostsBuilt()
 	}
+	if disc != nil {
+		disc.SetOnError(dep.SetDiscoveryError) // before it runs
+	}
 	return dep, disc, nil
 }
 
