@@ -372,11 +372,7 @@ func (d *decoder) scalar(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
 			// The parser keeps a number too large for a float as a
 			// plain string: "got string" would read as a quoting
 			// mistake.
-			v := s.Value
-			if len(v) > 40 {
-				v = v[:40] + "..."
-			}
-			d.fail(p, at, "must be %s, got %s: out of range", kindNoun(dst.Kind()), v)
+			d.fail(p, at, "must be %s, got %s: out of range", kindNoun(dst.Kind()), clippedValue(s.Value))
 			return
 		}
 	}
@@ -768,11 +764,20 @@ func describe(n ast.Node) string {
 }
 
 func quoteClipped(s string) string {
-	const max = 40
-	if len(s) > max {
-		return strconv.Quote(s[:max]) + "..."
+	if c := clippedValue(s); c != s {
+		return strconv.Quote(c[:len(c)-3]) + "..."
 	}
 	return strconv.Quote(s)
+}
+
+// clippedValue is s cut to 40 bytes with "..." after, for a value quoted
+// in an error message.
+func clippedValue(s string) string {
+	const max = 40
+	if len(s) > max {
+		return s[:max] + "..."
+	}
+	return s
 }
 
 // isNil reports whether n is nil or a nil pointer in an ast.Node, which

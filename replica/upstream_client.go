@@ -102,16 +102,8 @@ func (c *UpstreamClient) fitLimit(n int) {
 	if c.maxConns.Load() <= 0 {
 		return
 	}
-	grew := false
-	for _, v := range []*atomic.Int64{&c.maxConns, &c.maxIdle} {
-		for cur := v.Load(); cur < int64(n); cur = v.Load() {
-			if v.CompareAndSwap(cur, int64(n)) {
-				grew = true
-				break
-			}
-		}
-	}
-	if !grew {
+	grewIdle := raiseTo(&c.maxIdle, int64(n))
+	if !raiseTo(&c.maxConns, int64(n)) && !grewIdle {
 		return
 	}
 	for _, p := range c.allPools() {
@@ -119,6 +111,16 @@ func (c *UpstreamClient) fitLimit(n int) {
 		p.wakeLocked()
 		p.mu.Unlock()
 	}
+}
+
+// raiseTo sets v to n if it is below, and reports whether it was.
+func raiseTo(v *atomic.Int64, n int64) bool {
+	for cur := v.Load(); cur < n; cur = v.Load() {
+		if v.CompareAndSwap(cur, n) {
+			return true
+		}
+	}
+	return false
 }
 
 // CloseIdleConnections closes the connections that no request is using.

@@ -107,14 +107,20 @@ type change struct {
 	partial bool
 }
 
+// errShuttingDown is a reload's problem once the shutdown has begun.
+const errShuttingDown = "the proxy is shutting down: nothing is reloaded"
+
+// shuttingDown reports whether the proxy's shutdown has begun.
+func (rl *reloader) shuttingDown() bool { return rl.stopping != nil && rl.stopping() }
+
 // Reload reads the file, checks it, and makes the changes it asks for.
 func (rl *reloader) Reload(ctx context.Context) proxy.ReloadResult {
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
-	if rl.stopping != nil && rl.stopping() {
+	if rl.shuttingDown() {
 		rl.log.Warn().Msg("config reload asked for as the proxy shuts down: nothing is reloaded")
 		return proxy.ReloadResult{Config: displayName(rl.path), Status: http.StatusServiceUnavailable, Applied: []string{},
-			Problems: []string{"the proxy is shutting down: nothing is reloaded"}}
+			Problems: []string{errShuttingDown}}
 	}
 	res := rl.reload(ctx)
 	if res.Applied == nil {
@@ -158,10 +164,10 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 		res.Problems = restart
 		return res
 	}
-	if len(changes) > 0 && rl.stopping != nil && rl.stopping() {
+	if len(changes) > 0 && rl.shuttingDown() {
 		// The shutdown began while the file was read and checked.
 		res.Status = http.StatusServiceUnavailable
-		res.Problems = []string{"the proxy is shutting down: nothing is reloaded"}
+		res.Problems = []string{errShuttingDown}
 		return res
 	}
 	for _, c := range changes {
