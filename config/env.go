@@ -352,9 +352,11 @@ func errString(err error) string {
 // prefixes or bare addresses (a bare address is its own /32 or /128).
 type Prefixes []netip.Prefix
 
-// UnmarshalText implements encoding.TextUnmarshaler.
+// UnmarshalText implements encoding.TextUnmarshaler. Its error names
+// every entry that is not an address or a prefix, not only the first.
 func (p *Prefixes) UnmarshalText(b []byte) error {
 	var out Prefixes
+	var bad []string
 	for _, f := range strings.Split(string(b), ",") {
 		f = strings.TrimSpace(f)
 		if f == "" {
@@ -363,16 +365,21 @@ func (p *Prefixes) UnmarshalText(b []byte) error {
 		if strings.Contains(f, "/") {
 			pr, err := netip.ParsePrefix(f)
 			if err != nil {
-				return fmt.Errorf("%q is not an IP prefix (such as 10.0.0.0/8)", f)
+				bad = append(bad, fmt.Sprintf("%q is not an IP prefix (such as 10.0.0.0/8)", f))
+				continue
 			}
 			out = append(out, pr.Masked())
 			continue
 		}
 		a, err := netip.ParseAddr(f)
 		if err != nil {
-			return fmt.Errorf("%q is not an IP address or prefix", f)
+			bad = append(bad, fmt.Sprintf("%q is not an IP address or prefix", f))
+			continue
 		}
 		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	if len(bad) > 0 {
+		return errors.New(strings.Join(bad, "; "))
 	}
 	*p = out
 	return nil

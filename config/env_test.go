@@ -122,6 +122,7 @@ func TestReadEnvInvalid(t *testing.T) {
 		{"PROXY_ADMIN_TOKEN", "s3\x01cret", "control character"},
 		{"PROXY_TRUSTED_PROXIES", "10.0.0.0/33", `"10.0.0.0/33" is not an IP prefix`},
 		{"PROXY_TRUSTED_PROXIES", "10.0.0.0/8,lb.internal", `"lb.internal" is not an IP address or prefix`},
+		{"PROXY_TRUSTED_PROXIES", "10.0.0.0/33, 10.0.0.1,lb.internal", `"10.0.0.0/33" is not an IP prefix (such as 10.0.0.0/8); "lb.internal" is not an IP address or prefix`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 )
 
 // Validate checks c against the same rules Parse applies to a file, and
@@ -114,8 +115,8 @@ func (v *validator) httpOptions(o *HTTPOptions, p fieldPath) {
 }
 
 func (v *validator) application(a *Application, p fieldPath) {
-	if a.Name == "" {
-		v.report(p.child("name"), "is required")
+	if msg := nameProblem(a.Name); msg != "" {
+		v.report(p.child("name"), "%s", msg)
 	}
 	if msg := routePrefixProblem(a.RoutePrefix); msg != "" {
 		v.report(p.child("route_prefix"), "%s, got %q", msg, a.RoutePrefix)
@@ -196,8 +197,8 @@ func HasDotSegment(path string) bool {
 const MaxNumReplicas = 10000
 
 func (v *validator) deployment(d *Deployment, p fieldPath) {
-	if d.Name == "" {
-		v.report(p.child("name"), "is required")
+	if msg := nameProblem(d.Name); msg != "" {
+		v.report(p.child("name"), "%s", msg)
 	}
 	if d.Handler == "" {
 		// A Ray Serve user's deployment has none: its code is the
@@ -377,6 +378,25 @@ func (v *validator) wrote(p fieldPath, changed bool) bool {
 	return v.given(p)
 }
 
+// nameProblem returns what is wrong with an application's or a
+// deployment's name, or "". A name is a label value in every metric and a
+// field of every log line: a control character would break a line or a
+// dashboard's legend, and surrounding space makes two names that look the
+// same. "/" is fine: the admin API takes it escaped (a%2Fb).
+func nameProblem(name string) string {
+	switch {
+	case name == "":
+		return "is required"
+	case !utf8.ValidString(name):
+		return fmt.Sprintf("must be UTF-8, got %q", name)
+	case strings.ContainsFunc(name, unicode.IsControl):
+		return fmt.Sprintf("must not hold a control character, got %q", name)
+	case strings.TrimSpace(name) != name:
+		return fmt.Sprintf("must not begin or end with whitespace, got %q", name)
+	}
+	return ""
+}
+
 // hostPortProblem returns what is wrong with a replica host's address, or
 // "".
 func hostPortProblem(s string) string {
@@ -386,6 +406,9 @@ func hostPortProblem(s string) string {
 	}
 	if !validPort(port) {
 		return "must have a port between 1 and 65535"
+	}
+	if !validHost(host) {
+		return fmt.Sprintf("must be host:port, and %q is not an IP address or a host name", host)
 	}
 	return ""
 }
@@ -408,6 +431,8 @@ func upstreamURLProblem(s string) string {
 		return `must be an http:// or https:// URL`
 	case u.Host == "" || u.Hostname() == "":
 		return "must name a host"
+	case !validHost(u.Hostname()):
+		return fmt.Sprintf("must name a host, and %q is not an IP address or a host name", u.Hostname())
 	case u.User != nil:
 		return "must not hold a user or password"
 	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
@@ -455,6 +480,9 @@ func discoveryProblem(s string) string {
 	default:
 		return `must be dns://name:port or dns+srv://_service._tcp.name`
 	}
+	if !validHost(u.Hostname()) {
+		return fmt.Sprintf("must name a DNS name, and %q is not one", u.Hostname())
+	}
 	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
 		return "must be only a scheme, a name and a port"
 	}
@@ -500,9 +528,11 @@ func isJSONObject(b []byte) bool {
 	return len(b) > 0 && b[0] == '{' && json.Valid(b)
 }
 
-// validHost reports whether h can be listened on: empty (every
-// interface), an IP address, or a host name of letters, digits, hyphens
-// and dots.
+// validHost reports whether h can be listened on or dialed: empty (every
+// interface), an IP address, or a host name of letters, digits, hyphens,
+// underscores (Go's resolver takes them, SRV names have them) and dots,
+// whose last label is not a number: "300.1.1.1" is no address, and a
+// resolver would only look it up and fail, at run time.
 func validHost(h string) bool {
 	if h == "" {
 		return true
@@ -510,15 +540,20 @@ func validHost(h string) bool {
 	if _, err := netip.ParseAddr(h); err == nil {
 		return true
 	}
-	if len(h) > 253 {
+	name := strings.TrimSuffix(h, ".")
+	if len(name) > 253 {
 		return false
 	}
-	for label := range strings.SplitSeq(strings.TrimSuffix(h, "."), ".") {
+	last := name[strings.LastIndexByte(name, '.')+1:]
+	if last != "" && strings.Trim(last, "0123456789") == "" {
+		return false
+	}
+	for label := range strings.SplitSeq(name, ".") {
 		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
 			return false
 		}
 		for _, c := range label {
-			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
 				return false
 			}
 		}

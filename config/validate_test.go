@@ -134,6 +134,9 @@ func TestParseErrors(t *testing.T) {
 		{"deployments empty", "applications:\n  - name: a\n    deployments: []\n", "applications[0].deployments", 3, "at least one deployment is required"},
 
 		// Deployments.
+		{"application name with a tab", "applications:\n  - name: \"a\\tb\"\n    deployments: [{name: d, handler: echo}]\n", "applications[0].name", 2, `must not hold a control character, got "a\tb"`},
+		{"application name with space around", "applications:\n  - name: \" api\"\n    deployments: [{name: d, handler: echo}]\n", "applications[0].name", 2, `must not begin or end with whitespace, got " api"`},
+		{"deployment name with a NUL", "applications:\n  - name: a\n    deployments:\n      - name: \"d\\0\"\n        handler: echo\n", "applications[0].deployments[0].name", 4, `must not hold a control character, got "d\x00"`},
 		{"deployment name missing", "applications:\n  - name: a\n    deployments:\n      - handler: h\n", "applications[0].deployments[0].name", 4, "is required"},
 		{"handler missing", "applications:\n  - name: a\n    deployments:\n      - name: d\n", "applications[0].deployments[0].handler", 4, "is required: a built-in (static, echo, sleep), upstream, command or host"},
 		{"handler empty", "applications:\n  - name: a\n    deployments:\n      - name: d\n        handler: ''\n", "applications[0].deployments[0].handler", 5, "is required"},
@@ -141,6 +144,11 @@ func TestParseErrors(t *testing.T) {
 		{"host bad address", kindDeployment("host", "        hosts: [\"127.0.0.1\"]\n"), "applications[0].deployments[0].hosts[0]", 6, "must be host:port"},
 		{"host signed port", kindDeployment("host", "        hosts: [\"127.0.0.1:+9001\"]\n"), "applications[0].deployments[0].hosts[0]", 6, "must have a port between 1 and 65535"},
 		{"host bad port", kindDeployment("host", "        hosts: [\"127.0.0.1:99999\"]\n"), "applications[0].deployments[0].hosts[0]", 6, "port between 1 and 65535"},
+		{"host not an address", kindDeployment("host", "        hosts: [\"300.1.1.1:9001\"]\n"), "applications[0].deployments[0].hosts[0]", 6, `must be host:port, and "300.1.1.1" is not an IP address or a host name, got "300.1.1.1:9001"`},
+		{"host name with a space", kindDeployment("host", "        hosts: [\"replica host:9001\"]\n"), "applications[0].deployments[0].hosts[0]", 6, `"replica host" is not an IP address or a host name`},
+		{"upstream not an address", kindDeployment("upstream", "        upstreams: [http://10.0.0.256:8000]\n"), "applications[0].deployments[0].upstreams[0]", 6, `must name a host, and "10.0.0.256" is not an IP address or a host name, got "http://10.0.0.256:8000"`},
+		{"discovery bad name", kindDeployment("upstream", "        discovery: dns://svc..local:8000\n"), "applications[0].deployments[0].discovery", 6, `must name a DNS name, and "svc..local" is not one`},
+		{"discovery_server not an address", kindDeployment("upstream", "        discovery: dns://svc.local:8000\n        discovery_server: 10.96.0.300:53\n"), "applications[0].deployments[0].discovery_server", 7, `"10.96.0.300" is not an IP address or a host name`},
 		{"host without hosts", kindDeployment("host", ""), "applications[0].deployments[0].hosts", 4, `needs hosts (the host:port of each replica host, cmd/replica) or discovery`},
 		{"host both", kindDeployment("host", "        hosts: [\"a:1\"]\n        discovery: dns://hosts.local:9001\n"), "applications[0].deployments[0].discovery", 7, "give hosts or discovery, not both"},
 		{"host discovery no port", kindDeployment("host", "        discovery: dns://hosts.local\n"), "applications[0].deployments[0].discovery", 6, "dns://name:port"},
@@ -522,5 +530,30 @@ func TestValidHostHeader(t *testing.T) {
 		if got := validHostHeader(h); got != want {
 			t.Errorf("validHostHeader(%q) = %v, want %v", h, got, want)
 		}
+	}
+}
+
+func TestValidHost(t *testing.T) {
+	for h, want := range map[string]bool{
+		"": true, "10.0.0.5": true, "::1": true, "fe80::1%eth0": true, "localhost": true, "api.example.com.": true,
+		"replica-0.svc.cluster.local": true, "_http._tcp.svc.local": true, "1.example.com": true, "a.b9": true,
+		"300.1.1.1": false, "10.0.0.256": false, "1.2.3": false, "10": false, "a..b": false, "-a.b": false, "a-.b": false,
+		"a b": false, "a/b": false, ".": false, "a.b.": true, strings.Repeat("a", 64) + ".com": false,
+		strings.Repeat("a.", 127) + "a": false, strings.Repeat("a.", 126) + "a": true,
+	} {
+		if got := validHost(h); got != want {
+			t.Errorf("validHost(%q) = %v, want %v", h, got, want)
+		}
+	}
+}
+
+// A config built in Go can hold what no YAML file can: a name that is not
+// UTF-8, which a metric's label would refuse at the first request.
+func TestValidateNameNotUTF8(t *testing.T) {
+	c := Default()
+	c.Applications[0].Deployments[0].Name = "hello\xff"
+	err := c.Validate()
+	if err == nil || !strings.Contains(err.Error(), `applications[0].deployments[0].name: must be UTF-8, got "hello\xff"`) {
+		t.Fatalf("Validate() = %v, want the name refused as not UTF-8", err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/serveproxy/serveproxy/config"
 	"github.com/serveproxy/serveproxy/gctune"
@@ -103,6 +104,11 @@ func decodeJSON(r *http.Request, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return errors.New("the body is empty: it must be a JSON object")
 	}
+	if !utf8.Valid(body) {
+		// encoding/json would turn the bytes into U+FFFD, silently:
+		// JSON between systems must be UTF-8 (RFC 8259, 8.1).
+		return fmt.Errorf("invalid JSON: the body is not UTF-8 (a byte that is no UTF-8 at offset %d)", invalidUTF8At(body))
+	}
 	if k := duplicateKey(body); k != "" {
 		// encoding/json keeps the last one, silently.
 		return fmt.Errorf("invalid JSON: the key %q is twice in one object", k)
@@ -120,6 +126,19 @@ func decodeJSON(r *http.Request, v any) error {
 		return errors.New("invalid JSON: more than one value")
 	}
 	return nil
+}
+
+// invalidUTF8At returns the offset of the first byte of b that does not
+// begin a valid UTF-8 sequence, or len(b).
+func invalidUTF8At(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n == 1 {
+			return i
+		}
+		i += n
+	}
+	return len(b)
 }
 
 // duplicateKey returns a key that is twice in one object of the JSON in

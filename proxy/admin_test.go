@@ -111,6 +111,7 @@ func TestGCEndpoints(t *testing.T) {
 		{`{}`, "nothing to change"},
 		{`{"percent": 300} {"percent": 1}`, "more than one value"},
 		{`{"percent": 300, "percent": "off"}`, `the key \"percent\" is twice in one object`},
+		{"{\"memory_limit\": \"1GiB\xff\"}", `invalid JSON: the body is not UTF-8 (a byte that is no UTF-8 at offset 22)`},
 		{`{"MEMORY_LIMIT": 1}`, `unknown field \"MEMORY_LIMIT\": keys are matched exactly`},
 		{`{"percent": 250, "PERCENT": 350}`, `unknown field \"PERCENT\": keys are matched exactly, the field is \"percent\"`},
 		{`{"Memory_Limit": "1GiB"}`, `unknown field \"Memory_Limit\"`},

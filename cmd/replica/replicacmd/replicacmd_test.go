@@ -182,7 +182,7 @@ func TestRunBadInput(t *testing.T) {
 		{"no slots", []string{"-max-ongoing", "0"}, "-max-ongoing: must be 1 to 4294967295, got 0", exitInvalid},
 		{"negative grace", []string{"-grace", "-1s", "-listen", "127.0.0.1:0"}, "-grace: must be >= 0", exitInvalid},
 		{"bad flag", []string{"-nope"}, "flag provided but not defined", exitInvalid},
-		{"bad address", []string{"-listen", "256.0.0.1:1"}, "listen", exitFailed},
+		{"bad address", []string{"-listen", "256.0.0.1:1"}, `-listen: invalid address "256.0.0.1:1": "256.0.0.1" is not an IP address or a host name`, exitInvalid},
 		{"an address with no port", []string{"-listen", "foo"}, `-listen: invalid address "foo": want host:port`, exitInvalid},
 		{"a port out of range", []string{"-listen", "127.0.0.1:99999"}, "port must be a number between 0 and 65535", exitInvalid},
 		{"port in use", []string{"-listen", taken.Addr().String()}, "-listen " + taken.Addr().String() + ": listen tcp " + taken.Addr().String() + ": bind: address already in use", exitFailed},
