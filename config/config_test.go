@@ -344,3 +344,24 @@ func TestParseByteOrderMark(t *testing.T) {
 		t.Fatalf("Parse with a BOM: %v", err)
 	}
 }
+
+// A %YAML directive (PyYAML writes and reads them) opens the document; it
+// was refused as "unexpected scalar value type" (a tester).
+func TestYAMLDirective(t *testing.T) {
+	for _, dir := range []string{"%YAML 1.1\n", "%YAML 1.2\n", "%TAG !e! tag:example.com,2000:\n"} {
+		c := mustParse(t, dir+"---\n"+minimalYAML)
+		if len(c.Applications) != 1 || c.Applications[0].Name != "app" {
+			t.Errorf("%q: got %+v", dir, c.Applications)
+		}
+	}
+}
+
+// A file that is not UTF-8 is refused where its first bad byte is: its
+// names would have turned into U+FFFD in JSON and metrics (a tester).
+func TestNotUTF8(t *testing.T) {
+	_, err := Parse("u8.yaml", []byte("applications:\n  - name: a\xff\n    deployments: [{name: d, handler: echo}]\n"))
+	want := "u8.yaml:2: invalid YAML: the file is not UTF-8 (a byte that is no UTF-8 at column 12)"
+	if err == nil || err.Error() != want {
+		t.Fatalf("err = %v, want %q", err, want)
+	}
+}

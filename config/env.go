@@ -182,8 +182,8 @@ func ReadEnv(environ map[string]string) (Env, error) {
 	check("DrainDelay", durationProblem(e.DrainDelay, true))
 	check("ClientBodyTimeout", durationProblem(e.ClientBodyTimeout, true))
 	check("ClientSendTimeout", durationProblem(e.ClientSendTimeout, true))
-	if e.MaxHeaderBytes <= 0 {
-		check("MaxHeaderBytes", fmt.Sprintf("must be > 0, got %d", e.MaxHeaderBytes))
+	if e.MaxHeaderBytes <= 0 || e.MaxHeaderBytes > maxHeaderBytesLimit {
+		check("MaxHeaderBytes", fmt.Sprintf("must be > 0 and at most %v, got %d", maxHeaderBytesLimit, e.MaxHeaderBytes))
 	}
 	if e.MaxBodyBytes <= 0 {
 		check("MaxBodyBytes", fmt.Sprintf("must be > 0, got %d", e.MaxBodyBytes))
@@ -304,8 +304,17 @@ func oneOf(v *string, allowed []string) string {
 	return fmt.Sprintf("invalid value %q (want one of %s)", *v, strings.Join(allowed, ", "))
 }
 
+// maxHeaderBytesLimit bounds PROXY_MAX_HEADER_BYTES: net/http holds a
+// request's whole header in memory, and adds 4 KiB to the limit, which
+// near the largest int64 overflowed into a 431 for every request.
+const maxHeaderBytesLimit ByteSize = 1 << 30
+
+// minDuration is the shortest duration the environment takes, but 0: the
+// file's minSeconds.
+const minDuration = time.Duration(minSeconds * float64(time.Second))
+
 // durationProblem checks a duration is above 0, or at least 0 when zeroOK,
-// and fits the config's whole-seconds limit.
+// and fits the config's whole-seconds limit, and is not below minDuration.
 func durationProblem(d time.Duration, zeroOK bool) string {
 	max := time.Duration(maxSeconds) * time.Second
 	switch {
@@ -313,6 +322,12 @@ func durationProblem(d time.Duration, zeroOK bool) string {
 		return fmt.Sprintf("must be >= 0 and <= %v, got %v", max, d)
 	case !zeroOK && (d <= 0 || d > max):
 		return fmt.Sprintf("must be > 0 and <= %v, got %v", max, d)
+	case d > 0 && d < minDuration && zeroOK:
+		// As in the file (minSeconds): a timeout of 1ns times out
+		// everything, and is more likely a missing unit's typo.
+		return fmt.Sprintf("must be 0 or at least %v, got %v", minDuration, d)
+	case d > 0 && d < minDuration:
+		return fmt.Sprintf("must be at least %v, got %v", minDuration, d)
 	}
 	return ""
 }

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
@@ -44,6 +45,12 @@ func Parse(name string, data []byte) (*Config, error) {
 	// A byte order mark, which YAML allows before a document (an editor
 	// on Windows writes one), would be read as part of the first key.
 	data = bytes.TrimPrefix(data, []byte("\ufeff"))
+	if !utf8.Valid(data) {
+		// The parser would keep the bytes, and the names made of them
+		// would turn into U+FFFD on their way to JSON and metrics.
+		line, col := notUTF8At(data)
+		return nil, Errors{{File: name, Line: line, Msg: fmt.Sprintf("invalid YAML: the file is not UTF-8 (a byte that is no UTF-8 at column %d)", col)}}
+	}
 	// Repeated keys are the decoder's to report, with every other
 	// problem, rather than a parse error that stops at the first.
 	file, err := parser.ParseBytes(data, 0, parser.AllowDuplicateMapKey())
@@ -58,6 +65,11 @@ func Parse(name string, data []byte) (*Config, error) {
 	var root ast.Node
 	for _, doc := range file.Docs {
 		if doc == nil || isEmpty(doc.Body) {
+			continue
+		}
+		if _, ok := doc.Body.(*ast.DirectiveNode); ok {
+			// %YAML 1.1 (PyYAML's, Serve's) or 1.2, %TAG: the parser
+			// gives a directive as a document of its own.
 			continue
 		}
 		if root != nil {
@@ -918,4 +930,21 @@ func errorMessage(err error) string {
 		return ye.GetMessage()
 	}
 	return err.Error()
+}
+
+// notUTF8At returns the line and column (in bytes, from 1) of the first
+// byte of data that does not begin a valid UTF-8 sequence.
+func notUTF8At(data []byte) (line, col int) {
+	line, start := 1, 0
+	for i := 0; i < len(data); {
+		r, n := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && n == 1 {
+			return line, i - start + 1
+		}
+		if r == '\n' {
+			line, start = line+1, i+1
+		}
+		i += n
+	}
+	return line, len(data) - start + 1
 }

@@ -119,6 +119,11 @@ func (t *Tuner) apply(e config.Env, environ map[string]string) error {
 			s.MemoryLimitRatio = e.GCMemoryLimit.Ratio
 			s.MemoryLimitSource = sourceOf(environ, "PROXY_GC_MEMORY_LIMIT")
 		}
+		if err := t.limitBeyondMemory(percent, limit); err != nil && !userLimit && e.GCMemoryLimit.Bytes > 0 {
+			// As Set refuses it: a limit over the memory there is
+			// bounds nothing, where a high GOGC needs one.
+			return fmt.Errorf("PROXY_GC_MEMORY_LIMIT=%s: %w; set one within it (a ratio such as 0.9), or none", e.GCMemoryLimit, err)
+		}
 		if (percent < 0 || percent > 100) && limit == noLimit && s.PercentSource == SourceDefault {
 			// A high GOGC with no limit lets the heap grow with the live
 			// heap times the percentage: never pick that by default; only
@@ -133,6 +138,24 @@ func (t *Tuner) apply(e config.Env, environ map[string]string) error {
 	s.setLimit(limit)
 	t.state = s
 	return nil
+}
+
+// limitBeyondMemory refuses a high GOGC (or off) with a memory limit
+// above the memory there is, which bounds nothing either. A limit of none
+// is the caller's to judge.
+func (t *Tuner) limitBeyondMemory(percent int, limit int64) error {
+	if percent >= 0 && percent <= 100 || limit == noLimit {
+		return nil
+	}
+	total, from, err := t.memory()
+	if err != nil || uint64(limit) <= total {
+		return nil
+	}
+	have, want := humanBytes(int64(total)), humanBytes(limit)
+	if limit-int64(total) < int64(total)/100 { // a little over: say how much
+		have, want = fmt.Sprintf("%d bytes", total), fmt.Sprintf("%d bytes", limit)
+	}
+	return fmt.Errorf("percent %s with a memory limit of %s, more than the %s there is (%s), would let the heap grow without bound", config.GCPercent(percent), want, have, from)
 }
 
 func sourceOf(environ map[string]string, name string) string {
@@ -245,15 +268,8 @@ func (t *Tuner) Set(u Update) (State, error) {
 	if (percent < 0 || percent > 100) && limit == noLimit {
 		return s, fmt.Errorf("percent %s with no memory limit would let the heap grow without bound; set memory_limit too", config.GCPercent(percent))
 	}
-	if percent < 0 || percent > 100 {
-		// A limit beyond the memory there is bounds nothing either.
-		if total, from, err := t.memory(); err == nil && uint64(limit) > total {
-			have, want := humanBytes(int64(total)), humanBytes(limit)
-			if limit-int64(total) < int64(total)/100 { // a little over: say how much
-				have, want = fmt.Sprintf("%d bytes", total), fmt.Sprintf("%d bytes", limit)
-			}
-			return s, fmt.Errorf("percent %s with a memory limit of %s, more than the %s there is (%s), would let the heap grow without bound; set a memory_limit within it (a ratio such as 0.9)", config.GCPercent(percent), want, have, from)
-		}
+	if err := t.limitBeyondMemory(percent, limit); err != nil {
+		return s, fmt.Errorf("%w; set a memory_limit within it (a ratio such as 0.9)", err)
 	}
 	debug.SetGCPercent(percent)
 	debug.SetMemoryLimit(limit)

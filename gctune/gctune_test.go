@@ -110,6 +110,30 @@ func TestApplyRatioBelowFloor(t *testing.T) {
 	}
 }
 
+// A limit above the memory there is bounds nothing: with a high GOGC it
+// is refused at start as PUT /-/gc refuses it (a tester); with GOGC 100
+// or below it does no harm.
+func TestApplyLimitBeyondMemory(t *testing.T) {
+	keepRuntime(t)
+	before, beforeLimit := currentPercent(), debug.SetMemoryLimit(-1)
+	_, err := apply(t, map[string]string{"PROXY_GC_MEMORY_LIMIT": "64GiB"}, 4*gib, nil)
+	want := "PROXY_GC_MEMORY_LIMIT=64GiB: percent 400 with a memory limit of 64GiB, more than the 4GiB there is (the cgroup's memory limit), would let the heap grow without bound; set one within it (a ratio such as 0.9), or none"
+	if err == nil || err.Error() != want {
+		t.Fatalf("err = %v, want %q", err, want)
+	}
+	if currentPercent() != before || debug.SetMemoryLimit(-1) != beforeLimit {
+		t.Fatal("a refused setting changed the runtime's")
+	}
+	for _, environ := range []map[string]string{
+		{"PROXY_GC_MEMORY_LIMIT": "64GiB", "PROXY_GC_PERCENT": "100"},
+		{"PROXY_GC_MEMORY_LIMIT": "4GiB"},
+	} {
+		if _, err := apply(t, environ, 4*gib, nil); err != nil {
+			t.Errorf("%v: %v", environ, err)
+		}
+	}
+}
+
 // A GOGC the runtime cannot read is an error: Go takes it for 100 in
 // silence, which the proxy would report as the user's setting.
 func TestApplyBadGOGC(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"net/http/pprof"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
@@ -30,22 +31,75 @@ func (p *Proxy) Handler() http.Handler {
 		if path := r.URL.Path; len(path) > 3 && path[:3] == "/-/" {
 			switch path {
 			case "/-/healthz", "/-/routes":
-				if r.Method != http.MethodGet && r.Method != http.MethodHead {
-					// They only read, as on the admin listener.
-					w.Header().Set("Allow", "GET, HEAD")
-					http.Error(w, r.Method+" "+path+": not a method of this endpoint; it takes GET, HEAD", http.StatusMethodNotAllowed)
-					return
-				}
-				if path == "/-/healthz" {
-					p.healthz(w, r)
-				} else {
-					p.routes(w, r)
-				}
+				p.serveOwn(w, r)
 				return
 			}
 		}
 		p.serveApp(w, r)
 	})
+}
+
+// serveOwn answers the public /-/healthz and /-/routes, with an access-log
+// line (route, application and deployment empty, as a 404's) but no
+// request metrics: a probe every few seconds is no traffic, and under the
+// empty route it would read as 404s.
+func (p *Proxy) serveOwn(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	ids := r.Header[requestIDHeader]
+	if len(ids) == 0 || ids[0] == "" {
+		ids = []string{newRequestID()}
+	}
+	w.Header()[requestIDHeader] = ids[:1:1]
+	ow := &ownWriter{ResponseWriter: w}
+	switch {
+	case r.Method != http.MethodGet && r.Method != http.MethodHead:
+		// They only read, as on the admin listener.
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(ow, r.Method+" "+r.URL.Path+": not a method of this endpoint; it takes GET, HEAD", http.StatusMethodNotAllowed)
+	case r.URL.Path == "/-/healthz":
+		p.healthz(ow, r)
+	default:
+		p.routes(ow, r)
+	}
+	if p.notFound.log == nil {
+		return
+	}
+	if ow.status == 0 {
+		ow.status = http.StatusOK
+	}
+	if r.Method == http.MethodHead {
+		ow.bytes = 0 // net/http drops a HEAD's body: nothing was sent
+	}
+	end := time.Now()
+	p.access.write(p.notFound.log, &accessEntry{
+		end: end, requestID: clipped(ids[0]), method: clipped(r.Method), path: clipped(r.URL.Path),
+		status: ow.status, bytes: ow.bytes, elapsed: end.Sub(start), remoteAddr: r.RemoteAddr,
+	})
+}
+
+// ownWriter records the status and body size of the proxy's own answers,
+// for their access-log lines.
+type ownWriter struct {
+	http.ResponseWriter
+	status, bytes int
+}
+
+// WriteHeader implements http.ResponseWriter.
+func (w *ownWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Write implements http.ResponseWriter.
+func (w *ownWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.bytes += n
+	return n, err
 }
 
 // AdminHandler returns the admin handler: /metrics from gatherer (the

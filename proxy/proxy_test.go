@@ -731,6 +731,41 @@ func TestAccessLogLine(t *testing.T) {
 	}
 }
 
+// The public /-/healthz and /-/routes, and their 405, each get a line as
+// every other request does, with the request id echoed; no request
+// metric counts them (they would read as 404s under the empty route).
+func TestAccessLogOwnEndpoints(t *testing.T) {
+	tp := startProxy(t, Options{}, testDeployment{app: "a", prefix: "/", factory: static("hi")})
+	waitFor(t, "healthy", func() bool { res, _ := get(t, tp.url+"/-/healthz"); return res.StatusCode == 200 })
+	for _, c := range []struct{ method, path, id, want string }{
+		{"GET", "/-/healthz", "rid-health", `"method":"GET","path":"/-/healthz","status":200`},
+		{"GET", "/-/routes", "rid-routes", `"method":"GET","path":"/-/routes","status":200`},
+		{"POST", "/-/healthz", "rid-post", `"method":"POST","path":"/-/healthz","status":405`},
+		{"HEAD", "/-/routes", "rid-head", `"method":"HEAD","path":"/-/routes","status":200,"bytes":0,`},
+	} {
+		req, _ := http.NewRequest(c.method, tp.url+c.path, nil)
+		req.Header.Set("X-Request-ID", c.id)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if got := res.Header.Get("X-Request-ID"); got != c.id {
+			t.Errorf("%s %s: X-Request-ID = %q, want %q", c.method, c.path, got, c.id)
+		}
+		waitFor(t, c.id+" logged", func() bool { return strings.Contains(tp.access.String(), c.id) })
+		for _, l := range strings.Split(tp.access.String(), "\n") {
+			if strings.Contains(l, `"request_id":"`+c.id+`"`) && (!strings.Contains(l, c.want) || !strings.Contains(l, `"application":"","route":"","deployment":""`)) {
+				t.Errorf("line %s, want %s", l, c.want)
+			}
+		}
+	}
+	_, m := get(t, tp.adminURL+"/metrics")
+	if strings.Contains(m, `serve_num_http_requests_total{application="",`) {
+		t.Errorf("the proxy's own endpoints are counted as requests:\n%s", m)
+	}
+}
+
 // A 5xx's access-log line says why; a 200's has no error.
 // A path, request id or method longer than a log buffer is cut in the
 // line, not the line dropped: a client could keep its request out of the
