@@ -208,6 +208,9 @@ type Deployment struct {
 	// at MaxConstructorRetryCount, gaveUp stops the attempts.
 	startFailures int
 	gaveUp        bool
+	// lastFailedRound is when the last such round ended: the backoff
+	// runs from it.
+	lastFailedRound time.Time
 	// quickExits counts replica processes in a row that exited within
 	// crashLoopUptime of becoming healthy (the last at lastQuickExit):
 	// their replacements back off as failed starts do.

@@ -424,30 +424,57 @@ func (d *Deployment) starter(ctx context.Context) {
 			return
 		case <-d.wake:
 		}
-		for failed := false; ctx.Err() == nil; failed = true {
-			d.mu.Lock()
-			if d.quickExits > 0 && time.Since(d.lastQuickExit) > crashLoopForget {
-				d.quickExits = 0
-			}
-			n, gaveUp := max(d.startFailures, d.quickExits), d.gaveUp
-			d.mu.Unlock()
-			if gaveUp {
-				break
-			}
-			// A round that failed, here or before the kick (the first
-			// starts, say), or replicas that crash soon after they start,
-			// wait their backoff before the next.
-			if failed || n > 0 {
-				t := time.NewTimer(startBackoff(n))
-				select {
-				case <-ctx.Done():
-				case <-t.C:
-				}
-				t.Stop()
+		var failedAt time.Time // when the last round of this kick failed
+		for ctx.Err() == nil {
+			if !d.waitBackoff(ctx, failedAt) {
+				break // given up
 			}
 			if err := d.topUp(); err == nil || ctx.Err() != nil {
 				break
 			}
+			failedAt = time.Now()
+		}
+	}
+}
+
+// waitBackoff waits out the backoff after the last failure: a round that
+// failed (here, failedAt, or before the kick: the first starts, say) or a
+// replica that crashed soon after it started. The backoff runs from the
+// failure, not from the wake-up: a health period's wake-up must not start
+// a timer that a crash then cuts short (a tester saw 0.7 s for a logged
+// 3.2 s), and a failure during the wait moves its end. It reports false if
+// the deployment has given up.
+func (d *Deployment) waitBackoff(ctx context.Context, failedAt time.Time) bool {
+	for {
+		d.mu.Lock()
+		if d.quickExits > 0 && time.Since(d.lastQuickExit) > crashLoopForget {
+			d.quickExits = 0
+		}
+		n, gaveUp := max(d.startFailures, d.quickExits), d.gaveUp
+		last := failedAt
+		if d.startFailures > 0 && d.lastFailedRound.After(last) {
+			last = d.lastFailedRound
+		}
+		if d.quickExits > 0 && d.lastQuickExit.After(last) {
+			last = d.lastQuickExit
+		}
+		d.mu.Unlock()
+		if gaveUp {
+			return false
+		}
+		if n == 0 && failedAt.IsZero() {
+			return true
+		}
+		wait := time.Until(last.Add(startBackoff(n)))
+		if wait <= 0 {
+			return true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return true // the caller sees ctx end
+		case <-t.C:
 		}
 	}
 }
@@ -473,6 +500,7 @@ func (d *Deployment) countFailedRound() (gaveUp bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.startFailures++
+	d.lastFailedRound = time.Now()
 	if limit := d.spec.MaxConstructorRetryCount; limit > 0 && d.startFailures >= limit && !d.gaveUp {
 		d.gaveUp = true
 		d.settled.Store(true)

@@ -201,3 +201,59 @@ func TestSetGracefulShutdownTimeout(t *testing.T) {
 		t.Errorf("Spec's grace is %v", g)
 	}
 }
+
+// The backoff after a replica's quick exit runs from the exit, whenever the
+// starter wakes: a health period's wake-up after an earlier exit must not
+// leave a timer that ends the next exit's backoff early (a tester saw a
+// replacement start 0.7 s after an exit logged with a 3.2 s backoff). An
+// exit during the wait moves its end.
+func TestWaitBackoffRunsFromTheFailure(t *testing.T) {
+	d := &Deployment{}
+	ctx := context.Background()
+
+	// An exit long past: no wait at all.
+	d.quickExits, d.lastQuickExit = 3, time.Now().Add(-time.Minute)
+	if start := time.Now(); !d.waitBackoff(ctx, time.Time{}) || time.Since(start) > 10*time.Second {
+		t.Fatal("waited after a backoff long over")
+	}
+
+	// An exit just now: the whole backoff, from it.
+	d.quickExits, d.lastQuickExit = 2, time.Now()
+	exit := d.lastQuickExit
+	d.waitBackoff(ctx, time.Time{})
+	if got := time.Since(exit); got < startBackoff(2) {
+		t.Fatalf("waited %v after the exit, want at least %v", got, startBackoff(2))
+	}
+
+	// Another exit during the wait: its backoff, from it.
+	d.quickExits, d.lastQuickExit = 1, time.Now()
+	var second time.Time
+	timer := time.AfterFunc(startBackoff(1)/2, func() {
+		d.mu.Lock()
+		d.quickExits, d.lastQuickExit = 2, time.Now()
+		second = d.lastQuickExit
+		d.mu.Unlock()
+	})
+	defer timer.Stop()
+	d.waitBackoff(ctx, time.Time{})
+	d.mu.Lock()
+	at := second
+	d.mu.Unlock()
+	if at.IsZero() || time.Since(at) < startBackoff(2) {
+		t.Fatalf("waited %v after the second exit, want at least %v", time.Since(at), startBackoff(2))
+	}
+
+	// A failed round here, with nothing counted: the shortest backoff.
+	d.quickExits = 0
+	failedAt := time.Now()
+	d.waitBackoff(ctx, failedAt)
+	if got := time.Since(failedAt); got < startBackoff(0) {
+		t.Fatalf("waited %v after a failed round, want at least %v", got, startBackoff(0))
+	}
+
+	// Given up: no wait, and false.
+	d.gaveUp = true
+	if d.waitBackoff(ctx, time.Now()) {
+		t.Fatal("waitBackoff = true for a deployment that gave up")
+	}
+}

@@ -196,9 +196,14 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 		case err != nil:
 			res.Failed = append(res.Failed, fmt.Sprintf("%s: %v", c.what, err))
 			if c.partial {
-				// The rest of the list was made: say so. It is not
-				// recorded, so that the next reload tries the rest again.
+				// The rest of the list was made: say so. The list is the
+				// deployment's now, the failed targets retried at each
+				// health check, and recorded as its: the next file is
+				// compared with it. (Unrecorded, a target that then
+				// connected and was taken out of the file again stayed:
+				// the file matched the last list recorded, a tester.)
 				res.Applied = append(res.Applied, c.what+" (all but the targets that failed)")
+				c.applied()
 			}
 			continue
 		}
