@@ -48,7 +48,8 @@ type ProcessOptions struct {
 const outputGrace = 2 * time.Second
 
 // maxLogLine bounds one line of a replica's output in the log; longer
-// lines are cut (and marked), not buffered without bound.
+// lines are split into entries of this size (each but the last marked
+// "continued"), not buffered without bound.
 const maxLogLine = 64 << 10
 
 // Process is a replica process the proxy started: one HTTP server

@@ -375,8 +375,11 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 		// and an Upgrade goes with "Connection: upgrade" (7.8).
 		hdr["Upgrade"], hdr["Connection"] = v, connUpgrade
 	}
+	// An HTTP/1.0 client's body is delimited by the connection's close:
+	// no trailer can follow it, and none is announced.
+	trailers := r.ProtoAtLeast(1, 1)
 	announced := len(res.Trailer)
-	if announced > 0 {
+	if announced > 0 && trailers {
 		keys := make([]string, 0, announced)
 		for k := range res.Trailer {
 			if trailerPasses(k) {
@@ -404,7 +407,7 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return u.copyError(r, err)
 	}
-	if len(res.Trailer) > 0 {
+	if len(res.Trailer) > 0 && trailers {
 		flush(w) // makes the response chunked, so that trailers can follow
 		prefix := ""
 		if len(res.Trailer) != announced {

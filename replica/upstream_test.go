@@ -516,6 +516,26 @@ func TestUpstreamTrailers(t *testing.T) {
 	if _, ok := res.Trailer["Content-Length"]; ok {
 		t.Errorf("a Content-Length trailer reached the client: %v", res.Trailer)
 	}
+
+	// An HTTP/1.0 client's body ends with the connection: no trailer can
+	// follow, and none is announced (a tester saw "Trailer: X-Sum").
+	conn, err := net.Dial("tcp", strings.TrimPrefix(front.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, "GET / HTTP/1.0\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, body10, _ := strings.Cut(string(raw), "\r\n\r\n")
+	if strings.Contains(strings.ToLower(head), "\r\ntrailer:") || body10 != "got " {
+		t.Errorf("HTTP/1.0 response %q, want no Trailer header and the body", raw)
+	}
 }
 
 // trailerBody sets the request's trailer as its body ends, as a streaming
