@@ -364,4 +364,11 @@ func TestNotUTF8(t *testing.T) {
 	if err == nil || err.Error() != want {
 		t.Fatalf("err = %v, want %q", err, want)
 	}
+	// After a byte order mark, the column an editor shows (the mark is
+	// three bytes).
+	_, err = Parse("u8.yaml", []byte("\ufeffapplications: \xff\n"))
+	want = "u8.yaml:1: invalid YAML: the file is not UTF-8 (a byte that is no UTF-8 at column 18)"
+	if err == nil || err.Error() != want {
+		t.Fatalf("err = %v, want %q", err, want)
+	}
 }

@@ -408,7 +408,7 @@ func hostPortProblem(s string) string {
 		return "must have a port between 1 and 65535"
 	}
 	if !validHost(host) {
-		return fmt.Sprintf("must be host:port, and %q is not an IP address or a host name", host)
+		return fmt.Sprintf("%q is not an IP address or a host name", host)
 	}
 	return ""
 }
@@ -432,7 +432,7 @@ func upstreamURLProblem(s string) string {
 	case u.Host == "" || u.Hostname() == "":
 		return "must name a host"
 	case !validHost(u.Hostname()):
-		return fmt.Sprintf("must name a host, and %q is not an IP address or a host name", u.Hostname())
+		return fmt.Sprintf("%q is not an IP address or a host name", u.Hostname())
 	case u.User != nil:
 		return "must not hold a user or password"
 	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
@@ -481,7 +481,7 @@ func discoveryProblem(s string) string {
 		return `must be dns://name:port or dns+srv://_service._tcp.name`
 	}
 	if !validHost(u.Hostname()) {
-		return fmt.Sprintf("must name a DNS name, and %q is not one", u.Hostname())
+		return fmt.Sprintf("%q is not a host name", u.Hostname())
 	}
 	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
 		return "must be only a scheme, a name and a port"
@@ -531,8 +531,9 @@ func isJSONObject(b []byte) bool {
 // validHost reports whether h can be listened on or dialed: empty (every
 // interface), an IP address, or a host name of letters, digits, hyphens,
 // underscores (Go's resolver takes them, SRV names have them) and dots,
-// whose last label is not a number: "300.1.1.1" is no address, and a
-// resolver would only look it up and fail, at run time.
+// whose last label is not a number if it has several: "300.1.1.1" is no
+// address, and a resolver would only look it up and fail, at run time (a
+// name of one label, "0" or a container's id, is the resolver's to find).
 func validHost(h string) bool {
 	if h == "" {
 		return true
@@ -544,8 +545,8 @@ func validHost(h string) bool {
 	if len(name) > 253 {
 		return false
 	}
-	last := name[strings.LastIndexByte(name, '.')+1:]
-	if last != "" && strings.Trim(last, "0123456789") == "" {
+	dot := strings.LastIndexByte(name, '.')
+	if last := name[dot+1:]; dot >= 0 && last != "" && strings.Trim(last, "0123456789") == "" {
 		return false
 	}
 	for label := range strings.SplitSeq(name, ".") {

@@ -144,10 +144,10 @@ func TestParseErrors(t *testing.T) {
 		{"host bad address", kindDeployment("host", "        hosts: [\"127.0.0.1\"]\n"), "applications[0].deployments[0].hosts[0]", 6, "must be host:port"},
 		{"host signed port", kindDeployment("host", "        hosts: [\"127.0.0.1:+9001\"]\n"), "applications[0].deployments[0].hosts[0]", 6, "must have a port between 1 and 65535"},
 		{"host bad port", kindDeployment("host", "        hosts: [\"127.0.0.1:99999\"]\n"), "applications[0].deployments[0].hosts[0]", 6, "port between 1 and 65535"},
-		{"host not an address", kindDeployment("host", "        hosts: [\"300.1.1.1:9001\"]\n"), "applications[0].deployments[0].hosts[0]", 6, `must be host:port, and "300.1.1.1" is not an IP address or a host name, got "300.1.1.1:9001"`},
+		{"host not an address", kindDeployment("host", "        hosts: [\"300.1.1.1:9001\"]\n"), "applications[0].deployments[0].hosts[0]", 6, `"300.1.1.1" is not an IP address or a host name, got "300.1.1.1:9001"`},
 		{"host name with a space", kindDeployment("host", "        hosts: [\"replica host:9001\"]\n"), "applications[0].deployments[0].hosts[0]", 6, `"replica host" is not an IP address or a host name`},
-		{"upstream not an address", kindDeployment("upstream", "        upstreams: [http://10.0.0.256:8000]\n"), "applications[0].deployments[0].upstreams[0]", 6, `must name a host, and "10.0.0.256" is not an IP address or a host name, got "http://10.0.0.256:8000"`},
-		{"discovery bad name", kindDeployment("upstream", "        discovery: dns://svc..local:8000\n"), "applications[0].deployments[0].discovery", 6, `must name a DNS name, and "svc..local" is not one`},
+		{"upstream not an address", kindDeployment("upstream", "        upstreams: [http://10.0.0.256:8000]\n"), "applications[0].deployments[0].upstreams[0]", 6, `"10.0.0.256" is not an IP address or a host name, got "http://10.0.0.256:8000"`},
+		{"discovery bad name", kindDeployment("upstream", "        discovery: dns://svc..local:8000\n"), "applications[0].deployments[0].discovery", 6, `"svc..local" is not a host name, got "dns://svc..local:8000"`},
 		{"discovery_server not an address", kindDeployment("upstream", "        discovery: dns://svc.local:8000\n        discovery_server: 10.96.0.300:53\n"), "applications[0].deployments[0].discovery_server", 7, `"10.96.0.300" is not an IP address or a host name`},
 		{"host without hosts", kindDeployment("host", ""), "applications[0].deployments[0].hosts", 4, `needs hosts (the host:port of each replica host, cmd/replica) or discovery`},
 		{"host both", kindDeployment("host", "        hosts: [\"a:1\"]\n        discovery: dns://hosts.local:9001\n"), "applications[0].deployments[0].discovery", 7, "give hosts or discovery, not both"},
@@ -537,7 +537,7 @@ func TestValidHost(t *testing.T) {
 	for h, want := range map[string]bool{
 		"": true, "10.0.0.5": true, "::1": true, "fe80::1%eth0": true, "localhost": true, "api.example.com.": true,
 		"replica-0.svc.cluster.local": true, "_http._tcp.svc.local": true, "1.example.com": true, "a.b9": true,
-		"300.1.1.1": false, "10.0.0.256": false, "1.2.3": false, "10": false, "a..b": false, "-a.b": false, "a-.b": false,
+		"300.1.1.1": false, "10.0.0.256": false, "1.2.3": false, "127.1": false, "10": true, "0": true, "12345": true, "a..b": false, "-a.b": false, "a-.b": false,
 		"a b": false, "a/b": false, ".": false, "a.b.": true, strings.Repeat("a", 64) + ".com": false,
 		strings.Repeat("a.", 127) + "a": false, strings.Repeat("a.", 126) + "a": true,
 	} {

@@ -44,11 +44,16 @@ func Load(path string) (*Config, error) {
 func Parse(name string, data []byte) (*Config, error) {
 	// A byte order mark, which YAML allows before a document (an editor
 	// on Windows writes one), would be read as part of the first key.
+	bom := len(data)
 	data = bytes.TrimPrefix(data, []byte("\ufeff"))
+	bom -= len(data)
 	if !utf8.Valid(data) {
 		// The parser would keep the bytes, and the names made of them
 		// would turn into U+FFFD on their way to JSON and metrics.
 		line, col := notUTF8At(data)
+		if line == 1 {
+			col += bom // the column an editor shows
+		}
 		return nil, Errors{{File: name, Line: line, Msg: fmt.Sprintf("invalid YAML: the file is not UTF-8 (a byte that is no UTF-8 at column %d)", col)}}
 	}
 	// Repeated keys are the decoder's to report, with every other

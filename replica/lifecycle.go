@@ -473,7 +473,7 @@ func (d *Deployment) waitBackoff(ctx context.Context, failedAt time.Time) bool {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return true // the caller sees ctx end
+			return true // the caller's topUp sees ctx end
 		case <-t.C:
 		}
 	}
