@@ -116,14 +116,28 @@ func TestApplyRatioBelowFloor(t *testing.T) {
 func TestApplyLimitBeyondMemory(t *testing.T) {
 	keepRuntime(t)
 	before, beforeLimit := currentPercent(), debug.SetMemoryLimit(-1)
-	_, err := apply(t, map[string]string{"PROXY_GC_MEMORY_LIMIT": "64GiB"}, 4*gib, nil)
-	want := "PROXY_GC_MEMORY_LIMIT=64GiB: percent 400 with a memory limit of 64GiB, more than the 4GiB there is (the cgroup's memory limit), would let the heap grow without bound; set one within it (a ratio such as 0.9), or none"
-	if err == nil || err.Error() != want {
-		t.Fatalf("err = %v, want %q", err, want)
+	// The message names the percent by where it came from.
+	for _, tc := range []struct {
+		environ map[string]string
+		percent string
+	}{
+		{map[string]string{"PROXY_GC_MEMORY_LIMIT": "64GiB"}, "the default GC percent 400 (PROXY_GC_PERCENT)"},
+		{map[string]string{"PROXY_GC_MEMORY_LIMIT": "64GiB", "PROXY_GC_PERCENT": "300"}, "PROXY_GC_PERCENT=300"},
+	} {
+		_, err := apply(t, tc.environ, 4*gib, nil)
+		want := "PROXY_GC_MEMORY_LIMIT=64GiB: " + tc.percent + " with a memory limit of 64GiB, more than the 4GiB there is (the cgroup's memory limit), would let the heap grow without bound; set one within it (a ratio such as 0.9), or none"
+		if err == nil || err.Error() != want {
+			t.Errorf("%v: err = %v, want %q", tc.environ, err, want)
+		}
+		if currentPercent() != before || debug.SetMemoryLimit(-1) != beforeLimit {
+			t.Fatal("a refused setting changed the runtime's")
+		}
 	}
-	if currentPercent() != before || debug.SetMemoryLimit(-1) != beforeLimit {
-		t.Fatal("a refused setting changed the runtime's")
+	debug.SetGCPercent(300) // as the runtime read GOGC=300 at start
+	if _, err := apply(t, map[string]string{"PROXY_GC_MEMORY_LIMIT": "64GiB", "GOGC": "300"}, 4*gib, nil); err == nil || !strings.Contains(err.Error(), ": GOGC=300 with a memory limit") {
+		t.Errorf("GOGC=300: err = %v, want GOGC=300 named", err)
 	}
+	debug.SetGCPercent(before)
 	for _, environ := range []map[string]string{
 		{"PROXY_GC_MEMORY_LIMIT": "64GiB", "PROXY_GC_PERCENT": "100"},
 		{"PROXY_GC_MEMORY_LIMIT": "4GiB"},
