@@ -273,7 +273,7 @@ func TestExpectContinueEarlyAnswerNotReset(t *testing.T) {
 		_, _ = r.Body.Read(make([]byte, 1)) // asks for the body: 100 Continue
 		w.WriteHeader(http.StatusUnauthorized)
 	}
-	upstream := httptest.NewServer(http.HandlerFunc(early))
+	upstream := httptest.NewServer(answeringHealth(http.HandlerFunc(early)))
 	t.Cleanup(upstream.Close)
 	for _, timeout := range []time.Duration{0, time.Minute} { // PROXY_CLIENT_BODY_TIMEOUT off, and its default
 		tp := startProxy(t, Options{ClientBodyTimeout: timeout},

@@ -30,6 +30,18 @@ func (g *gated) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.WriteString(w, "ok")
 }
 
+// answeringHealth answers the proxy's health checks (a target's first,
+// as it joins, among them) with 200, and passes the rest to h: a test
+// upstream whose handler holds or refuses every request.
+func answeringHealth(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("User-Agent") == "serveproxy-health-check" {
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // serveOnLoopback serves h on a loopback port until the test ends, and
 // returns its URL.
 func serveOnLoopback(t *testing.T, h http.Handler) string {
@@ -56,7 +68,7 @@ func TestMaxOngoingChangedLive(t *testing.T) {
 			g := &gated{gate: make(chan struct{})}
 			td := testDeployment{app: "a", prefix: "/", maxOngoing: 1}
 			if kind == "upstream" {
-				td.targets = []string{serveOnLoopback(t, g)}
+				td.targets = []string{serveOnLoopback(t, answeringHealth(g))}
 			} else {
 				td.factory = func(json.RawMessage) (replica.Handler, error) { return g, nil }
 			}
@@ -129,7 +141,7 @@ func TestMaxOngoingChangedLive(t *testing.T) {
 				t.Fatal(err)
 			}
 			if kind == "upstream" {
-				if err := d.SetTargets(append(td.targets, serveOnLoopback(t, g))); err != nil {
+				if err := d.SetTargets(append(td.targets, serveOnLoopback(t, answeringHealth(g)))); err != nil {
 					t.Fatal(err)
 				}
 			} else if err := d.Scale(context.Background(), 2); err != nil {

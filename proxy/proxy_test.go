@@ -800,7 +800,8 @@ func TestAccessLogClipsLongValues(t *testing.T) {
 }
 
 func TestAccessLogError(t *testing.T) {
-	// An upstream that answers what is no HTTP.
+	// An upstream that answers what is no HTTP, but to its health check
+	// as it joins.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -812,8 +813,13 @@ func TestAccessLogError(t *testing.T) {
 			if err != nil {
 				return
 			}
-			_, _ = c.Read(make([]byte, 4096))
-			_, _ = c.Write([]byte("garbage\r\n\r\n"))
+			buf := make([]byte, 4096)
+			n, _ := c.Read(buf)
+			if strings.Contains(string(buf[:n]), "serveproxy-health-check") {
+				_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"))
+			} else {
+				_, _ = c.Write([]byte("garbage\r\n\r\n"))
+			}
 			c.Close()
 		}
 	}()

@@ -385,13 +385,18 @@ func (d *Deployment) addTargets(fresh []string, conns [][]Replica, errs []error)
 	// Before they take requests: a replica host serves the user_config it
 	// was started with, which need not be the deployment's.
 	d.giveUserConfig(d.ctx, joining, "joining")
+	failed := d.checkJoining(d.ctx, joining)
 
 	log := d.log()
 	d.mu.Lock()
-	for _, r := range joining {
+	for i, r := range joining {
 		d.giveLimitLocked(r)
 		r.SetState(StateRunning)
 		d.replicas = append(d.replicas, r)
+		if err := failed[i]; err != nil {
+			d.joinFailedLocked(r, err)
+			continue
+		}
 		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica added for its target")
 	}
 	if len(joining) > 0 {
@@ -410,6 +415,47 @@ func (d *Deployment) addTargets(fresh []string, conns [][]Replica, errs []error)
 		}
 	}
 	return errs
+}
+
+// checkJoining runs one health check of the replicas joining for their
+// targets, bounded by health_check_timeout_s, and returns each one's
+// error: an upstream is not dialled to join, so one that refuses or does
+// not answer would otherwise be healthy and in routing until the health
+// loop's next round. Those waiting for their user_config, out of routing
+// already, are not checked; nor is any when the deployment has no health
+// checks, which nothing would then bring in.
+func (d *Deployment) checkJoining(ctx context.Context, joining []Replica) []error {
+	errs := make([]error, len(joining))
+	if d.healthPeriod.Load() <= 0 {
+		return errs
+	}
+	var check []Replica
+	var at []int
+	d.mu.Lock()
+	for i, r := range joining {
+		if !d.unsync[r] {
+			check, at = append(check, r), append(at, i)
+		}
+	}
+	d.mu.Unlock()
+	if len(check) == 0 {
+		return errs
+	}
+	timeout := time.Duration(d.healthTimeout.Load())
+	for i, res := range d.broadcastBounded(ctx, check, Call{Method: MethodCheckHealth}) {
+		errs[at[i]] = healthCheckError(res.Err, timeout)
+	}
+	return errs
+}
+
+// joinFailedLocked keeps r, which failed its first health check with err,
+// out of routing, counted as a failed check of the health loop's: the
+// next that passes brings it in. d.mu must be held.
+func (d *Deployment) joinFailedLocked(r Replica, err error) {
+	d.failures[r], d.excluded[r] = 1, true
+	d.failLogged[r] = failLog{at: time.Now(), failures: 1}
+	d.log().Warn().Str("replica", r.ID()).Str("target", d.targets[r]).Err(err).Int("consecutive_failures", 1).
+		Msg("replica failed its health check on joining: out of routing until one passes")
 }
 
 // TargetError is a target a deployment could not connect to, and why.

@@ -104,12 +104,17 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 		return // stopping: a cancelled check is no verdict
 	}
 	for i, r := range results {
-		err := r.Err
-		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("no answer within health_check_timeout_s (%v): %w", timeout, err)
-		}
-		d.recordHealth(targets[i], err, started)
+		d.recordHealth(targets[i], healthCheckError(r.Err, timeout), started)
 	}
+}
+
+// healthCheckError is a health check's error as logged: one that ran out
+// of its timeout says which.
+func healthCheckError(err error, timeout time.Duration) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("no answer within health_check_timeout_s (%v): %w", timeout, err)
+	}
+	return err
 }
 
 // recordHealth counts the result of a check begun at started. The
@@ -153,9 +158,15 @@ func (d *Deployment) recordHealth(r Replica, err error, started time.Time) {
 		return
 	}
 	if d.spec.Connect != nil {
-		if !d.excluded[r] {
+		// Said once it is out for its checks: as they take it out, or at
+		// the unhealthyAfter-th failure of one out already (unreachable,
+		// or failing on joining).
+		newly := !d.excluded[r]
+		if newly {
 			d.excluded[r] = true
 			d.publishLocked()
+		}
+		if newly || n == unhealthyAfter {
 			log.Error().Int("consecutive_failures", n).Msg("replica unhealthy: out of routing until it passes a health check")
 		}
 		return

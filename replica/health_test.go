@@ -109,3 +109,48 @@ func TestSetHealthChecks(t *testing.T) {
 		t.Errorf("Spec: period %v, timeout %v", s.HealthCheckPeriod, s.HealthCheckTimeout)
 	}
 }
+
+// A target that fails its health check as it joins starts out of routing
+// (an upstream is not dialled to join: it was healthy and routed until
+// the first round, a period later), and comes in at the first check that
+// passes; one that answers is in routing at once. Both at the start and
+// for a target added later (a reload, DNS).
+func TestJoiningTargetCheckedFirst(t *testing.T) {
+	leakCheck(t)
+	var downStatus atomic.Int32
+	downStatus.Store(http.StatusServiceUnavailable)
+	up := newBackend(t, func(w http.ResponseWriter, r *http.Request) {})
+	down := newBackend(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(downStatus.Load())) })
+	logs := &syncBuffer{}
+	spec := DeploymentSpec{App: "app", Name: "dep", Targets: []string{up.URL, down.URL}, MaxOngoingRequests: 1,
+		HealthCheckPeriod: time.Hour, HealthCheckTimeout: 5 * time.Second, GracefulShutdownTimeout: time.Second,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			r, err := NewUpstreamReplica(id, target, UpstreamOptions{MaxOngoing: 1, OnRelease: onRelease})
+			return []Replica{r}, err
+		}}
+	d, err := NewDeployment(context.Background(), spec, Hooks{Log: zerolog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	if n := d.Running(); n != 1 {
+		t.Fatalf("%d replicas in routing at the start, want 1 (the one that answered its check): %s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "replica failed its health check on joining") {
+		t.Errorf("no line for the target that failed on joining: %s", logs.String())
+	}
+
+	// Added later, failing too.
+	late := newBackend(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(downStatus.Load())) })
+	if err := d.SetTargets([]string{up.URL, down.URL, late.URL}); err != nil {
+		t.Fatal(err)
+	}
+	if n := d.Running(); n != 1 {
+		t.Fatalf("%d replicas in routing after a failing target joined, want 1", n)
+	}
+
+	downStatus.Store(http.StatusOK)
+	d.CheckHealthNow()
+	eventually(t, "both in routing once their check passes", func() bool { return d.Running() == 3 })
+}
