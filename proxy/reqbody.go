@@ -158,17 +158,21 @@ const lingerTimeout = 500 * time.Millisecond
 // No deadline is set once the body has reached its end: net/http's read
 // for the client's leaving runs from there, and a deadline that fires in
 // it cancels the connection's context, and every later request's on it.
-func (sw *statusWriter) settleBody(handlerDone bool) {
+//
+// It returns errClientLeftDuringBody when the drain at the handler's end
+// found the client gone (its connection closed or broken before the body
+// came whole, not a stall at the deadline): the answer has nowhere to go.
+func (sw *statusWriter) settleBody(handlerDone bool) error {
 	if !handlerDone {
 		sw.headerOut = true
 	}
 	b := sw.reqBody
 	if b == nil || sw.settled {
-		return
+		return nil
 	}
 	if b.eof.Load() {
 		sw.settled = true // nothing to wait for
-		return
+		return nil
 	}
 	if b.closed.Load() || b.timeout <= 0 {
 		// Nothing to bound here: the handler closed it (net/http's Close
@@ -179,7 +183,7 @@ func (sw *statusWriter) settleBody(handlerDone bool) {
 				sw.lingerAtClose()
 			}
 		}
-		return
+		return nil
 	}
 	if b.stalled() || b.cut.Load() {
 		// A read failed (or is failing) at a deadline, the proxy's or the
@@ -188,7 +192,7 @@ func (sw *statusWriter) settleBody(handlerDone bool) {
 		sw.settled = true
 		_ = b.setDeadline(time.Now())
 		sw.lingerAtClose()
-		return
+		return nil
 	}
 	if sw.fullDuplex || sw.expect || sw.closeSet || sw.closesAfter(handlerDone) {
 		if handlerDone {
@@ -196,21 +200,24 @@ func (sw *statusWriter) settleBody(handlerDone bool) {
 			_ = b.setDeadline(time.Now().Add(min(b.timeout, lingerTimeout)))
 			sw.lingerAtClose()
 		}
-		return
+		return nil
 	}
 	sw.settled = true
 	if b.length >= 0 && b.length-b.got.Load() > maxDrainBytes {
 		// net/http sees that much left at once, and closes the
 		// connection without reading any (it finds its own body in its
 		// request: the handler's is a copy).
-		return
+		return nil
 	}
 	_ = b.setDeadline(time.Now().Add(b.timeout))
 	_, err := io.CopyN(io.Discard, b.rc, maxDrainBytes+1)
 	if err == io.EOF {
 		b.eof.Store(true)
 		_ = b.setDeadline(time.Time{})
-		return
+		return nil
+	}
+	if handlerDone && err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("%w: %w", errClientLeftDuringBody, err)
 	}
 	// Stalled, broken, or longer than net/http would read: the
 	// connection cannot serve another request. (A client still sending
@@ -218,7 +225,12 @@ func (sw *statusWriter) settleBody(handlerDone bool) {
 	// server gives up on.)
 	_ = b.setDeadline(time.Now())
 	sw.lingerAtClose()
+	return nil
 }
+
+// errClientLeftDuringBody is why a request whose answer was ready got
+// none: its client left while the rest of its body was read (settleBody).
+var errClientLeftDuringBody = errors.New("the client left while the rest of its request body was read, before its answer could go out")
 
 // lingerAtClose has net/http half-close the connection after the answer
 // and wait lingerTimeout (its rstAvoidanceDelay) before closing it, as it

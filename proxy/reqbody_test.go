@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -256,3 +257,47 @@ var ctxProbe = testDeployment{app: "ctx", prefix: "/ctx", factory: handlerFunc(f
 	}
 	_, _ = io.WriteString(w, "live")
 })}
+
+// The wait for a body the handler left unread is part of the request: its
+// answer goes out only after it, so its latency counts it, and a client
+// that leaves during it got nothing: a 499, not the 200 its handler made
+// (found by a tester: a 1 s wait logged as 0.03 ms, a client gone as 200).
+func TestUnreadBodyWaitIsRecorded(t *testing.T) {
+	tp := unreadBodyProxy(t, 5*time.Second)
+	for _, path := range []string{"/static", "/nope"} {
+		// Sent whole, slowly: answered once the rest came.
+		c := dialProxy(t, tp)
+		_, _ = io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: x\r\nX-Request-Id: slow"+path+"\r\nContent-Length: 20\r\n\r\n0123456789")
+		time.Sleep(300 * time.Millisecond)
+		_, _ = io.WriteString(c, "0123456789")
+		readAnswer(t, c, bufio.NewReader(c), path)
+		c.Close()
+
+		// Gone before the rest came.
+		c = dialProxy(t, tp)
+		_, _ = io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: x\r\nX-Request-Id: gone"+path+"\r\nContent-Length: 100\r\n\r\n0123456789")
+		time.Sleep(100 * time.Millisecond)
+		c.Close()
+	}
+	lines := map[string]map[string]any{}
+	waitFor(t, "four access-log lines", func() bool {
+		for l := range strings.Lines(tp.access.String()) {
+			var line map[string]any
+			if json.Unmarshal([]byte(l), &line) == nil {
+				if id, _ := line["request_id"].(string); id != "" {
+					lines[id] = line
+				}
+			}
+		}
+		return len(lines) == 4
+	})
+	for _, path := range []string{"/static", "/nope"} {
+		if l := lines["slow"+path]; l["latency_ms"].(float64) < 250 {
+			t.Errorf("%s, its body whole after 300 ms: latency_ms %v, want the wait in it: %v", path, l["latency_ms"], l)
+		}
+		l := lines["gone"+path]
+		if msg, _ := l["error"].(string); l["status"] != float64(StatusClientClosedRequest) || l["bytes"] != float64(0) || !strings.Contains(msg, "client left") {
+			t.Errorf("%s, its client gone before its body came whole: %v, want a 499 with no bytes, saying why", path, l)
+		}
+	}
+}

@@ -135,17 +135,36 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 		res.status, res.sendTimedOut = StatusClientClosedRequest, true
 		res.err = fmt.Errorf("the client took no part of the response for %v (PROXY_CLIENT_SEND_TIMEOUT): %w", sw.sendTimeout, sw.writeErr)
 	}
+	if res.status == StatusClientClosedRequest && p.cut.Load() {
+		res.status, res.cut = http.StatusServiceUnavailable, true // see Proxy.cut
+		res.err = errCutAtShutdown
+	}
+	aborted := func() bool {
+		return res.abort || (res.status == StatusClientClosedRequest || res.cut) && !sw.wroteHeader
+	}
+	if !aborted() {
+		if sw.fullDuplex && !sw.wroteHeader {
+			// net/http's implicit 200, made explicit to go through
+			// closeIfBodyLeft.
+			sw.WriteHeader(http.StatusOK)
+		}
+		// The answer is ready, but goes out only once the rest of the
+		// body is read: the request is recorded after that, with the
+		// wait in its latency, and as a 499 if its client left meanwhile.
+		if sw.switchedAt.IsZero() {
+			if err := sw.settleBody(true); err != nil {
+				res.status, res.err, res.abort = StatusClientClosedRequest, err, true
+				sw.sent = 0 // still in net/http's buffer, dropped with the connection
+			}
+		}
+	}
 	res.end = time.Now()
 	res.switchedAt = sw.switchedAt
 	if r.Method != http.MethodHead {
 		res.bytes = sw.sent // net/http drops a HEAD's body: nothing was sent
 	}
-	if res.status == StatusClientClosedRequest && p.cut.Load() {
-		res.status, res.cut = http.StatusServiceUnavailable, true // see Proxy.cut
-		res.err = errCutAtShutdown
-	}
 	p.record(r, id, start, &res)
-	if res.abort || (res.status == StatusClientClosedRequest || res.cut) && !sw.wroteHeader {
+	if aborted() {
 		// A 499's client may still read (one that half-closed its
 		// connection ends the request's context too): it gets nothing,
 		// where net/http would send an empty 200. Nor does a request
@@ -156,14 +175,6 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 			_ = f.RemoveAll()
 		}
 		panic(http.ErrAbortHandler)
-	}
-	if sw.fullDuplex && !sw.wroteHeader {
-		// net/http's implicit 200, made explicit to go through
-		// closeIfBodyLeft.
-		sw.WriteHeader(http.StatusOK)
-	}
-	if sw.switchedAt.IsZero() {
-		sw.settleBody(true)
 	}
 	// net/http writes the answer out when this returns; the slot is free
 	// and the status settled by now (see replica.AnswerBatcher).
@@ -514,9 +525,10 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 		replica:    replicaID,
 		remoteAddr: r.RemoteAddr,
 	}
-	if res.err != nil && (res.status >= 500 || res.status == http.StatusSwitchingProtocols || res.sendTimedOut) {
+	if res.err != nil && (res.status >= 500 || res.status == http.StatusSwitchingProtocols || res.sendTimedOut || errors.Is(res.err, errClientLeftDuringBody)) {
 		// Why: a replica's 500, 502 or 504, a WebSocket's replica gone, a
-		// client that stopped reading.
+		// client that stopped reading, or one that left before its
+		// answer, ready, could go out.
 		e.err = clipped(res.err.Error())
 	}
 	p.access.write(rs.log, &e)
