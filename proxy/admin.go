@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -40,17 +41,60 @@ func (p *Proxy) requireToken(next http.Handler) http.Handler {
 	})
 }
 
-// logRefusal logs a refused admin call, at most once a second with the
-// count since the last line: someone trying tokens must not flood the log.
+// logRefusal counts a refused admin call, and logs it at most once a
+// second: someone trying tokens must not flood the log. A call refused
+// within a second of the last line is told by the next, due at that
+// second's end whatever follows, with the count since the last line and
+// the last refused call's method, path and address.
 func (p *Proxy) logRefusal(r *http.Request) {
-	p.refusals.Add(1)
-	now, last := time.Now().UnixNano(), p.refusalLoggedAt.Load()
-	if now-last < int64(time.Second) || !p.refusalLoggedAt.CompareAndSwap(last, now) {
+	p.metrics.adminRefused.Inc()
+	l := &p.refusals
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pending++
+	l.method, l.path, l.remote = clipped(r.Method), clipped(r.URL.Path), r.RemoteAddr
+	if l.timer != nil {
+		return // a line is due, and will count this one
+	}
+	if wait := time.Until(l.loggedAt.Add(time.Second)); wait > 0 {
+		l.timer = time.AfterFunc(wait, func() { p.flushRefusals(false) })
 		return
 	}
-	n := p.refusals.Swap(0)
-	p.opts.Log.Warn().Str("method", r.Method).Str("path", clipped(r.URL.Path)).Str("remote", r.RemoteAddr).
-		Int64("refused", n).Msg("admin call refused: no or wrong PROXY_ADMIN_TOKEN (refused: how many since the last such line)")
+	p.writeRefusalsLocked()
+}
+
+// flushRefusals writes the line of the refused calls not yet told, from
+// the timer or, at the shutdown (stopping), before the log is closed.
+func (p *Proxy) flushRefusals(stopping bool) {
+	l := &p.refusals
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if stopping && l.timer != nil && !l.timer.Stop() {
+		return // its func is running, and writes the line
+	}
+	l.timer = nil
+	if l.pending > 0 {
+		p.writeRefusalsLocked()
+	}
+}
+
+// writeRefusalsLocked writes the refused calls' line. refusals.mu must be
+// held.
+func (p *Proxy) writeRefusalsLocked() {
+	l := &p.refusals
+	p.opts.Log.Warn().Str("method", l.method).Str("path", l.path).Str("remote", l.remote).
+		Int64("refused", l.pending).Msg("admin call refused: no or wrong PROXY_ADMIN_TOKEN (refused: how many since the last such line; method, path and remote: the last one's)")
+	l.pending, l.loggedAt = 0, time.Now()
+}
+
+// refusalLog is what logRefusal has not told yet.
+type refusalLog struct {
+	// mu guards the fields below.
+	mu                   sync.Mutex
+	pending              int64       // calls refused since the last line
+	method, path, remote string      // the last of them
+	loggedAt             time.Time   // when the last line was written
+	timer                *time.Timer // set while a line is due
 }
 
 // refuseWhileDraining answers 503 to the calls that change deployments

@@ -28,6 +28,7 @@ type metrics struct {
 	depErrors     *prometheus.CounterVec
 	depLatency    *prometheus.HistogramVec
 	accessDropped prometheus.Counter
+	adminRefused  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, deployments []*Deployment) (*metrics, error) {
@@ -54,6 +55,10 @@ func newMetrics(reg prometheus.Registerer, deployments []*Deployment) (*metrics,
 			Name: "serve_proxy_access_log_dropped_total",
 			Help: "Access-log lines dropped because the log writer fell behind or its output did not take them (the request path never waits for it).",
 		}),
+		adminRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "serve_proxy_admin_calls_refused_total",
+			Help: "Admin calls refused for a missing or wrong PROXY_ADMIN_TOKEN (401).",
+		}),
 	}
 	ongoing := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "serve_num_ongoing_http_requests",
@@ -62,7 +67,7 @@ func newMetrics(reg prometheus.Registerer, deployments []*Deployment) (*metrics,
 	for _, c := range []prometheus.Collector{
 		&histogramCount{h: m.latency, desc: requestsDesc, labels: []string{"route", "method", "application", "status_code"}},
 		&histogramCount{h: m.depLatency, desc: replicaRequestsDesc, labels: []string{"application", "deployment", "replica", "route"}},
-		m.errors, m.latency, ongoing, m.depErrors, m.depLatency, m.accessDropped,
+		m.errors, m.latency, ongoing, m.depErrors, m.depLatency, m.accessDropped, m.adminRefused,
 		&stateCollector{deployments: deployments},
 	} {
 		if err := reg.Register(c); err != nil {

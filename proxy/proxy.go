@@ -179,10 +179,9 @@ type Proxy struct {
 	// scrapeMu keeps the deletion of gone replicas' series out of the
 	// scrapes in progress (held for reading while one collects).
 	scrapeMu sync.RWMutex
-	// refusals counts the admin calls refused for the token since the
-	// last log line about them, at refusalLoggedAt (Unix ns).
-	refusals        atomic.Int64
-	refusalLoggedAt atomic.Int64
+	// refusals are the admin calls refused for the token that no log
+	// line has told yet (see logRefusal).
+	refusals refusalLog
 }
 
 // routeState is what the request path needs about a route beyond the
@@ -342,8 +341,10 @@ func (p *Proxy) Stop(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Close flushes the access log. Call it after the servers have stopped.
+// Close flushes the access log, and logs the refused admin calls not told
+// yet. Call it after the servers have stopped.
 func (p *Proxy) Close() error {
+	p.flushRefusals(true)
 	if p.access == nil {
 		return nil
 	}
