@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -146,4 +147,52 @@ func TestFullEverywhereCountsAsQueued(t *testing.T) {
 	}
 	waitFor(t, "the queue empty", func() bool { return sched.Queued() == 0 })
 	waitFor(t, "499 logged", func() bool { return strings.Contains(tp.access.String(), `"status":499`) })
+}
+
+// A lone upstream that refuses the request, then no replica left to take
+// it: the 503's log line names no replica (none was sent it, so none
+// counts it) and keeps the refusal, which is why (a tester: the line
+// named the replica beside "no replicas are available", and the
+// connection refused was in another line only).
+func TestLoneReplicaRefusedThenNoneLeft(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})}
+	go func() { _ = srv.Serve(ln) }()
+	tp := startProxy(t, Options{}, testDeployment{app: "up", prefix: "/", targets: []string{"http://" + ln.Addr().String()}})
+	_ = srv.Close() // gone after it joined: the request finds it refusing
+
+	res, _ := get(t, tp.url+"/x", "X-Request-Id", "lone")
+	if res.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want 503", res.StatusCode)
+	}
+	var line map[string]any
+	waitFor(t, "its access-log line", func() bool {
+		for l := range strings.Lines(tp.access.String()) {
+			if strings.Contains(l, `"request_id":"lone"`) {
+				return json.Unmarshal([]byte(l), &line) == nil
+			}
+		}
+		return false
+	})
+	if msg, _ := line["error"].(string); line["replica"] != "" || !strings.Contains(msg, "no replicas are available") || !strings.Contains(msg, "connection refused") {
+		t.Errorf("access-log line %v, want no replica and an error with the refusal in it", line)
+	}
+	_, body := get(t, tp.adminURL+"/metrics")
+	if strings.Contains(body, "serve_deployment_request_counter_total{") {
+		t.Errorf("the replica that was sent nothing is counted:\n%s", grepLines(body, "serve_deployment_request_counter_total"))
+	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var b strings.Builder
+	for l := range strings.Lines(s) {
+		if strings.Contains(l, sub) {
+			b.WriteString(l)
+		}
+	}
+	return b.String()
 }

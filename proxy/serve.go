@@ -294,9 +294,16 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 			if !ok {
 				var err error
 				if h, release, err = rt.Scheduler.Acquire(ctx); err != nil {
-					res.err = err
 					res.status = statusOf(err)
 					writeError(sw, res.status, errorMessage(res.status, err))
+					if res.replica != nil {
+						// The replica tried refused it before none was
+						// left (unreachable, say): it was sent nothing,
+						// and its refusal is why, for the log.
+						err = fmt.Errorf("%w (after %s refused it: %w)", err, res.replica.ID(), res.err)
+						res.replica = nil
+					}
+					res.err = err
 					return res
 				}
 			}

@@ -33,9 +33,18 @@ type UnreachableError struct {
 	Err  error
 }
 
-// Error implements error.
+// Error implements error. Only a replica that could not be reached at all
+// is called unreachable: one whose connection broke once the request was
+// on it is up, as far as anyone knows.
 func (e *UnreachableError) Error() string {
-	return fmt.Sprintf("replica %s unreachable: %v", e.Replica, e.Err)
+	switch {
+	case e.Down:
+		return fmt.Sprintf("replica %s unreachable: %v", e.Replica, e.Err)
+	case e.Sent:
+		return fmt.Sprintf("replica %s: the connection broke before it answered: %v", e.Replica, e.Err)
+	default:
+		return fmt.Sprintf("replica %s: the connection closed before the request was sent: %v", e.Replica, e.Err)
+	}
 }
 
 // Retryable reports whether the request may go to another replica: nothing
