@@ -417,13 +417,20 @@ func (d *Deployment) addTargets(fresh []string, conns [][]Replica, errs []error)
 	return errs
 }
 
+// joinCheckTimeout bounds the health check of a target as it joins, below
+// a longer health_check_timeout_s: a target that accepts and does not
+// answer must not hold a reload or a DNS refresh (the deployment's
+// control lock) for half a minute. One slower than that is in routing at
+// the first check of the health loop that passes.
+const joinCheckTimeout = 5 * time.Second
+
 // checkJoining runs one health check of the replicas joining for their
-// targets, bounded by health_check_timeout_s, and returns each one's
-// error: an upstream is not dialled to join, so one that refuses or does
-// not answer would otherwise be healthy and in routing until the health
-// loop's next round. Those waiting for their user_config, out of routing
-// already, are not checked; nor is any when the deployment has no health
-// checks, which nothing would then bring in.
+// targets, bounded by health_check_timeout_s (at most joinCheckTimeout),
+// and returns each one's error: an upstream is not dialled to join, so one
+// that refuses or does not answer would otherwise be healthy and in
+// routing until the health loop's next round. Those waiting for their
+// user_config, out of routing already, are not checked; nor is any when
+// the deployment has no health checks, which nothing would then bring in.
 func (d *Deployment) checkJoining(ctx context.Context, joining []Replica) []error {
 	errs := make([]error, len(joining))
 	if d.healthPeriod.Load() <= 0 {
@@ -441,9 +448,15 @@ func (d *Deployment) checkJoining(ctx context.Context, joining []Replica) []erro
 	if len(check) == 0 {
 		return errs
 	}
-	timeout := time.Duration(d.healthTimeout.Load())
+	timeout := min(time.Duration(d.healthTimeout.Load()), joinCheckTimeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	for i, res := range d.broadcastBounded(ctx, check, Call{Method: MethodCheckHealth}) {
-		errs[at[i]] = healthCheckError(res.Err, timeout)
+		err := res.Err
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("no answer to its health check on joining within %v: %w", timeout, err)
+		}
+		errs[at[i]] = err
 	}
 	return errs
 }

@@ -104,17 +104,12 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 		return // stopping: a cancelled check is no verdict
 	}
 	for i, r := range results {
-		d.recordHealth(targets[i], healthCheckError(r.Err, timeout), started)
+		err := r.Err
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("no answer within health_check_timeout_s (%v): %w", timeout, err)
+		}
+		d.recordHealth(targets[i], err, started)
 	}
-}
-
-// healthCheckError is a health check's error as logged: one that ran out
-// of its timeout says which.
-func healthCheckError(err error, timeout time.Duration) error {
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("no answer within health_check_timeout_s (%v): %w", timeout, err)
-	}
-	return err
 }
 
 // recordHealth counts the result of a check begun at started. The

@@ -154,3 +154,44 @@ func TestJoiningTargetCheckedFirst(t *testing.T) {
 	d.CheckHealthNow()
 	eventually(t, "both in routing once their check passes", func() bool { return d.Running() == 3 })
 }
+
+// A target that accepts and never answers its check holds a reload or a
+// DNS refresh (the deployment's control lock) for joinCheckTimeout, not
+// for a longer health_check_timeout_s, and joins out of routing.
+func TestJoiningTargetThatHangsIsBounded(t *testing.T) {
+	leakCheck(t)
+	release := make(chan struct{})
+	hang := newBackend(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	t.Cleanup(func() { close(release) })
+	logs := &syncBuffer{}
+	spec := DeploymentSpec{App: "app", Name: "dep", MaxOngoingRequests: 1,
+		HealthCheckPeriod: time.Hour, HealthCheckTimeout: time.Minute, GracefulShutdownTimeout: time.Second,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			r, err := NewUpstreamReplica(id, target, UpstreamOptions{MaxOngoing: 1, OnRelease: onRelease})
+			return []Replica{r}, err
+		}}
+	d, err := NewDeployment(context.Background(), spec, Hooks{Log: zerolog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	start := time.Now()
+	if err := d.SetTargets([]string{hang.URL}); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 3*joinCheckTimeout {
+		t.Errorf("SetTargets took %v with a target that hangs, want about joinCheckTimeout (%v)", took, joinCheckTimeout)
+	}
+	if n := d.Running(); n != 0 {
+		t.Errorf("%d in routing, want the target that did not answer out", n)
+	}
+	if !strings.Contains(logs.String(), "no answer to its health check on joining within 5s") {
+		t.Errorf("the log does not say the check went unanswered: %s", logs.String())
+	}
+}
