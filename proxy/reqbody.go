@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -216,7 +218,7 @@ func (sw *statusWriter) settleBody(handlerDone bool) error {
 		_ = b.setDeadline(time.Time{})
 		return nil
 	}
-	if handlerDone && err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+	if handlerDone && connectionGone(err) {
 		return fmt.Errorf("%w: %w", errClientLeftDuringBody, err)
 	}
 	// Stalled, broken, or longer than net/http would read: the
@@ -226,6 +228,13 @@ func (sw *statusWriter) settleBody(handlerDone bool) error {
 	_ = b.setDeadline(time.Now())
 	sw.lingerAtClose()
 	return nil
+}
+
+// connectionGone reports whether a read of a request body failed for its
+// connection closing or breaking (not a stall at the deadline, nor a
+// malformed body, whose client still waits for its answer).
+func connectionGone(err error) bool {
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, net.ErrClosed)
 }
 
 // errClientLeftDuringBody is why a request whose answer was ready got

@@ -279,8 +279,17 @@ func TestUnreadBodyWaitIsRecorded(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		c.Close()
 	}
+	// A malformed body is no client gone: its client waits, and gets the
+	// answer.
+	c := dialProxy(t, tp)
+	_, _ = io.WriteString(c, "POST /static HTTP/1.1\r\nHost: x\r\nX-Request-Id: malformed\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+	if res, _, _ := readAnswer(t, c, bufio.NewReader(c), "/static"); res.StatusCode != http.StatusOK {
+		t.Errorf("a malformed chunked body: %d, want the handler's 200", res.StatusCode)
+	}
+	c.Close()
+
 	lines := map[string]map[string]any{}
-	waitFor(t, "four access-log lines", func() bool {
+	waitFor(t, "five access-log lines", func() bool {
 		for l := range strings.Lines(tp.access.String()) {
 			var line map[string]any
 			if json.Unmarshal([]byte(l), &line) == nil {
@@ -289,7 +298,7 @@ func TestUnreadBodyWaitIsRecorded(t *testing.T) {
 				}
 			}
 		}
-		return len(lines) == 4
+		return len(lines) == 5
 	})
 	for _, path := range []string{"/static", "/nope"} {
 		if l := lines["slow"+path]; l["latency_ms"].(float64) < 250 {
