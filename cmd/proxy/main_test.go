@@ -1027,3 +1027,27 @@ applications:
 		}
 	}
 }
+
+// -check lists the file's warnings with its errors, not only once they
+// are fixed (a tester: a $PORT passed as it is came to light only after
+// the num_replicas beside it was mended).
+func TestCheckWarnsBesideErrors(t *testing.T) {
+	path := writeConfig(t, `applications:
+  - name: a
+    route_prefix: /
+    deployments:
+      - name: a
+        handler: command
+        command: [`+hiBin+`, -listen, "$PORT"]
+        num_replicas: 0
+`)
+	res := runProxy(t, nil, "-check", "-config", path)
+	for _, want := range []string{
+		path + ":8: applications[0].deployments[0].num_replicas: must be in [1, 10000], got 0",
+		"warning: " + path + ":7: applications[0].deployments[0].command[2]: $PORT is passed as it is",
+	} {
+		if res.code != 2 || !strings.Contains(res.stderr, want) {
+			t.Errorf("-check: exit %d; stderr lacks %q:\n%s", res.code, want, res.stderr)
+		}
+	}
+}

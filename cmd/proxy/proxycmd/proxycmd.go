@@ -154,6 +154,22 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 		}
 	}
 	cfg, problems := loadConfig(path, e, reg, nil)
+	var warnings []config.FieldError
+	if cfg != nil {
+		warnings = cfg.Warnings()
+		for i := range warnings {
+			warnings[i].File = displayName(path)
+		}
+	}
+	if *check {
+		// With the problems: fixing those alone must not leave these
+		// for the next run to tell.
+		defer func() {
+			for _, w := range warnings {
+				fmt.Fprintln(stderr, "warning:", w.Error())
+			}
+		}()
+	}
 	if len(problems) > 0 {
 		for _, p := range problems {
 			fmt.Fprintln(stderr, p)
@@ -166,14 +182,7 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 	if envErr != nil {
 		return exitInvalid // -check: the environment's problems, printed above
 	}
-	warnings := cfg.Warnings()
-	for i := range warnings {
-		warnings[i].File = displayName(path)
-	}
 	if *check {
-		for _, w := range warnings {
-			fmt.Fprintln(stderr, "warning:", w.Error())
-		}
 		fmt.Fprintf(stdout, "%s: ok, %d application(s)\n", displayName(path), len(cfg.Applications))
 		return exitOK
 	}
@@ -238,7 +247,9 @@ func withoutBadVars(env map[string]string, err error) map[string]string {
 
 // loadConfig reads the file (or takes the built-in app), applies the
 // environment and checks that every handler exists and accepts its
-// user_config. It returns every problem found, in file order. taken, if
+// user_config. It returns every problem found, in file order, and the
+// file as read whenever it parsed (for its warnings; not to be served if
+// there are problems). taken, if
 // not nil, reports whether application app's deployment d runs with d's
 // user_config already: its factory took it, and is not asked again (a
 // reload would otherwise build a handler, a model loaded, for every
@@ -331,16 +342,16 @@ func loadConfig(path string, e config.Env, reg *replica.Registry, taken func(app
 		if clash != nil {
 			errs = append(errs, clash)
 		}
-		return nil, errs
+		return cfg, errs
 	}
 	if clash != nil {
-		return nil, []error{clash}
+		return cfg, []error{clash}
 	}
 	if err := e.Apply(cfg); err != nil {
-		return nil, []error{fmt.Errorf("environment: %w", err)}
+		return cfg, []error{fmt.Errorf("environment: %w", err)}
 	}
 	if err := cfg.Validate(); err != nil {
-		return nil, splitErrors(err)
+		return cfg, splitErrors(err)
 	}
 	return cfg, nil
 }
