@@ -287,11 +287,15 @@ func TestParseSyntaxError(t *testing.T) {
 		name string
 		src  string
 		line int
+		says string // in the message, if set
 	}{
-		{"unclosed flow sequence", "applications: [\n  {name: a}\n", 1},
-		{"bad indentation", "applications:\n  - name: a\n   deployments: []\n", 3},
-		{"unterminated quote", minimalYAML + "http_options: {host: 'x}\n", 6},
-		{"tab indentation", "applications:\n\t- name: a\n", 2},
+		{"unclosed flow sequence", "applications: [\n  {name: a}\n", 1, ""},
+		// The key out of line is named, with a hint (a tester: the
+		// parser's words alone named nothing).
+		{"bad indentation", "applications:\n  - name: a\n   deployments: []\n", 3, `("deployments" at column 4): is it indented as the lines beside it are?`},
+		{"key indented less", "applications:\n  - name: py\n    deployments:\n      - name: py\n        handler: echo\n       num_replicas: 2\n", 6, `("num_replicas" at column 8)`},
+		{"unterminated quote", minimalYAML + "http_options: {host: 'x}\n", 6, ""},
+		{"tab indentation", "applications:\n\t- name: a\n", 2, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -299,8 +303,8 @@ func TestParseSyntaxError(t *testing.T) {
 			if len(errs) != 1 {
 				t.Fatalf("got %d errors, want 1: %v", len(errs), errs)
 			}
-			if e := errs[0]; e.Line != tt.line || e.Field != "" || !strings.HasPrefix(e.Msg, "invalid YAML: ") {
-				t.Errorf("got %q, want line %d and an invalid YAML message", e.Error(), tt.line)
+			if e := errs[0]; e.Line != tt.line || e.Field != "" || !strings.HasPrefix(e.Msg, "invalid YAML: ") || !strings.Contains(e.Msg, tt.says) {
+				t.Errorf("got %q, want line %d and an invalid YAML message saying %q", e.Error(), tt.line, tt.says)
 			}
 		})
 	}

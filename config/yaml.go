@@ -931,10 +931,18 @@ func errorLine(err error) int {
 
 func errorMessage(err error) string {
 	var ye yaml.Error
-	if errors.As(err, &ye) {
-		return ye.GetMessage()
+	if !errors.As(err, &ye) {
+		return err.Error()
 	}
-	return err.Error()
+	msg := ye.GetMessage()
+	tk := ye.GetToken()
+	if !strings.HasSuffix(msg, "not allowed in this context") || tk == nil || tk.Position == nil ||
+		tk.Value == "" || len(tk.Value) > 40 || strings.ContainsAny(tk.Value, " \t\r\n") {
+		return msg
+	}
+	// The parser's words for a key or an item out of line with those
+	// beside it: a reader seldom guesses it from them.
+	return fmt.Sprintf("%s (%q at column %d): is it indented as the lines beside it are?", msg, tk.Value, tk.Position.Column)
 }
 
 // notUTF8At returns the line and column (in bytes, from 1) of the first
