@@ -223,23 +223,38 @@ func (b *broadcast) work(w *worker) {
 	// Filled slots are counted here and added to left once, on the way out:
 	// a shared counter written on every call would cost more than the call.
 	filled := int64(0)
+	returned := false
 	defer func() {
-		w.chunk.Store(-1)
+		if !returned {
+			// A call ran runtime.Goexit, which ends this goroutine once
+			// its slot is filled (drainCalls): another goes on with the
+			// slots left, which no worker might claim otherwise.
+			go b.work(w)
+		} else {
+			w.chunk.Store(-1)
+		}
 		if filled > 0 && b.left.Add(-filled) == 0 {
 			close(b.done)
 		}
 	}()
+	b.claim(w, &filled)
+	returned = true
+}
+
+// claim claims chunks in turn, then any slots still unclaimed in other
+// workers' chunks, and calls their actors (see work).
+func (b *broadcast) claim(w *worker, filled *int64) {
 	for {
 		k := int(b.nextChunk.Add(1) - 1)
 		if k >= len(b.chunks) {
 			break
 		}
-		if !b.drain(w, k, &filled) {
+		if !b.drain(w, k, filled) {
 			return
 		}
 	}
 	for k := range b.chunks {
-		if !b.drain(w, k, &filled) {
+		if !b.drain(w, k, filled) {
 			return
 		}
 	}

@@ -1216,3 +1216,28 @@ func TestBroadcastDeadHostCostsItsSlots(t *testing.T) {
 		}
 	}
 }
+
+// Calls that run runtime.Goexit end their workers' goroutines, with as
+// many of them as there are workers: the other actors are called all the
+// same (a tester: with two workers and the first two actors calling
+// Goexit, the others were never called and Broadcast waited for ctx).
+func TestBroadcastGoexitOnEveryWorker(t *testing.T) {
+	n := runtime.GOMAXPROCS(0)
+	var actors []Actor
+	for i := range n + 3 {
+		id := fmt.Sprintf("a%d", i)
+		fn := func(context.Context, string, []byte) ([]byte, error) { return []byte(id), nil }
+		if i < n {
+			fn = func(context.Context, string, []byte) ([]byte, error) { runtime.Goexit(); return nil, nil }
+		}
+		actors = append(actors, &fnActor{id: id, fn: fn})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, r := range NewPool(actors...).Broadcast(ctx, Call{Method: "stats"}) {
+		var pe *PanicError
+		if i < n && !errors.As(r.Err, &pe) || i >= n && (r.Err != nil || string(r.Value) != r.Actor) {
+			t.Errorf("%s: %+v (err %v)", actors[i].ID(), r, r.Err)
+		}
+	}
+}
