@@ -325,15 +325,14 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 			return fail(err)
 		}
 	default:
-		for range spec.NumReplicas {
-			if err := ctx.Err(); err != nil {
-				return fail(err)
-			}
-			r, err := d.newReplica(startCtx, spec.UserConfig)
-			if err != nil {
-				return fail(err)
-			}
-			d.replicas = append(d.replicas, r)
+		// As processes are: a replica that fails to build (a factory's
+		// error or panic, a model that failed to load) is logged and
+		// tried again in the background, with backoff, up to
+		// max_constructor_retry_count, as later builds are; the other
+		// deployments are served meanwhile.
+		d.replicas = d.buildMany(startCtx, spec.NumReplicas)
+		if err := ctx.Err(); err != nil {
+			return fail(err)
 		}
 	}
 	d.rebuildPoolLocked()

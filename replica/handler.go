@@ -6,9 +6,11 @@ package replica
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -47,7 +49,7 @@ func (f Factory) Check(userConfig json.RawMessage) (err error) {
 			err = &PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
-	h, err := f(userConfig)
+	h, err := f.build(userConfig)
 	if err != nil {
 		return err
 	}
@@ -55,6 +57,34 @@ func (f Factory) Check(userConfig json.RawMessage) (err error) {
 		return fmt.Errorf("the handler built to check it did not close: %w", err)
 	}
 	return nil
+}
+
+// build calls f, and refuses a nil Handler that came with no error: every
+// request to its replica would fail, where the config can be refused now.
+// A factory that panics is an error (a *PanicError), as in Check.
+func (f Factory) build(userConfig json.RawMessage) (h Handler, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			h, err = nil, &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	h, err = f(userConfig)
+	if err == nil && isNil(h) {
+		return nil, errors.New("the handler factory returned a nil Handler and no error")
+	}
+	return h, err
+}
+
+// isNil reports whether h is nil, or holds a nil pointer, func or map.
+func isNil(h Handler) bool {
+	if h == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(h); v.Kind() {
+	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Chan, reflect.Slice, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
 }
 
 // CloseHandler closes h if it is an io.Closer, and is nil otherwise.

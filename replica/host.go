@@ -134,7 +134,7 @@ func NewHost(cfg HostConfig) (h *Host, err error) {
 	}()
 	actors := make([]Actor, cfg.Replicas)
 	for i := range cfg.Replicas {
-		hd, err := cfg.Factory(cfg.UserConfig)
+		hd, err := cfg.Factory.build(cfg.UserConfig)
 		if err != nil {
 			return nil, fmt.Errorf("replica host: %w", err)
 		}

@@ -93,7 +93,7 @@ func (d *Deployment) newReplica(ctx context.Context, userConfig json.RawMessage)
 		}
 	} else {
 		var h Handler
-		if h, err = d.spec.Factory(userConfig); err == nil {
+		if h, err = d.spec.Factory.build(userConfig); err == nil {
 			l := NewLocal(id, h, int(d.maxOngoing.Load()), d.hooks.OnRelease)
 			l.builtWith = userConfig
 			r = l
@@ -215,7 +215,35 @@ func (d *Deployment) startMany(ctx context.Context, n int) []Replica {
 	if ctx.Err() != nil {
 		return got // cut short, not failed: the caller stops them
 	}
-	gaveUp := len(got) == 0 && n > 0 && d.countFailedRound()
+	d.firstStartsFailed(errs, len(got) == 0, n)
+	return got
+}
+
+// buildMany builds n in-process replicas with spec.Factory, one after
+// another as the starter does (a factory need not be safe to call from
+// several goroutines), until one fails, and returns those built; the
+// failure is logged and counted, for the starter to retry.
+func (d *Deployment) buildMany(ctx context.Context, n int) []Replica {
+	var got []Replica
+	for range n {
+		if ctx.Err() != nil {
+			return got // cut short: the caller stops them
+		}
+		r, err := d.newReplica(ctx, d.spec.UserConfig)
+		if err != nil {
+			d.firstStartsFailed([]error{err}, len(got) == 0, n)
+			break
+		}
+		got = append(got, r)
+	}
+	return got
+}
+
+// firstStartsFailed logs the errors of the deployment's first starts
+// (nil for a start that succeeded), and counts a failed round if none of
+// its n replicas started.
+func (d *Deployment) firstStartsFailed(errs []error, none bool, n int) {
+	gaveUp := none && n > 0 && d.countFailedRound()
 	msg := "starting a replica failed; retrying with backoff"
 	if gaveUp {
 		msg = "starting a replica failed"
@@ -228,7 +256,6 @@ func (d *Deployment) startMany(ctx context.Context, n int) []Replica {
 	if gaveUp {
 		d.log().Error().Int("failed_starts", 1).Int("missing_replicas", n).Msg(gaveUpMessage)
 	}
-	return got
 }
 
 // connect builds the replicas of a target with spec.Connect.

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 )
 
@@ -301,5 +302,64 @@ func TestPlainJSONError(t *testing.T) {
 	}
 	if err := PlainJSONError(nil); err != nil {
 		t.Fatalf("PlainJSONError(nil) = %v", err)
+	}
+}
+
+// A factory that returns no Handler and no error is refused where its
+// config is checked and where a replica is built (a tester: -check said ok
+// and every request failed with a nil dereference), a typed nil too.
+func TestFactoryNilHandlerRefused(t *testing.T) {
+	type myHandler struct{ http.Handler }
+	for name, f := range map[string]Factory{
+		"nil":       func(json.RawMessage) (Handler, error) { return nil, nil },
+		"typed nil": func(json.RawMessage) (Handler, error) { return (*myHandler)(nil), nil },
+	} {
+		if err := f.Check(nil); err == nil || !strings.Contains(err.Error(), "nil Handler") {
+			t.Errorf("%s: Check = %v, want the nil Handler refused", name, err)
+		}
+		// A replica that cannot be built is logged and tried again later.
+		logs := &syncBuffer{}
+		d, err := NewDeployment(context.Background(), DeploymentSpec{App: "a", Name: "d", Factory: f, NumReplicas: 1, MaxOngoingRequests: 1, HealthCheckTimeout: time.Second, GracefulShutdownTimeout: time.Second}, Hooks{Log: zerolog.New(logs)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := d.Running(); n != 0 || !strings.Contains(logs.String(), "nil Handler") {
+			t.Errorf("%s: %d replicas running, want none and the nil Handler logged: %s", name, n, logs.String())
+		}
+		_ = d.Stop(context.Background())
+	}
+	if err := Factory(NewStatic).Check(nil); err != nil {
+		t.Errorf("a real handler: %v", err)
+	}
+}
+
+// A factory that fails while the first replicas are built (the config
+// checked: a model that failed to load) fails that replica's start, not
+// the deployment: it is tried again in the background, as later builds
+// are (a tester: the proxy exited, its other applications never served).
+func TestFirstBuildFailureRetried(t *testing.T) {
+	var calls atomic.Int32
+	logs := &syncBuffer{}
+	d, err := NewDeployment(context.Background(), DeploymentSpec{
+		App: "a", Name: "d", NumReplicas: 2, MaxOngoingRequests: 1,
+		HealthCheckPeriod: time.Hour, HealthCheckTimeout: time.Second, GracefulShutdownTimeout: time.Second,
+		Factory: func(json.RawMessage) (Handler, error) {
+			if calls.Add(1) == 2 {
+				return nil, errors.New("the model did not load")
+			}
+			return NewStatic(nil)
+		},
+	}, Hooks{Log: zerolog.New(logs)})
+	if err != nil {
+		t.Fatalf("NewDeployment: %v, want the failed build retried", err)
+	}
+	if n := len(d.Replicas()); n != 1 {
+		t.Errorf("%d replicas after the first builds, want 1", n)
+	}
+	d.Start()
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	eventually(t, "the second replica built on a retry", func() bool { return d.Running() == 2 })
+	if !strings.Contains(logs.String(), "the model did not load") {
+		t.Errorf("the failed build is not logged: %s", logs.String())
 	}
 }
