@@ -73,11 +73,20 @@ func (m *MemoryLimit) UnmarshalText(text []byte) error {
 	if err != nil && strings.Contains(err.Error(), "larger than") {
 		return fmt.Errorf("memory limit %q is too large: at most %d bytes", s, int64(math.MaxInt64))
 	}
+	if err == nil && b == 0 {
+		return fmt.Errorf("invalid memory limit %q: write none for no limit", s)
+	}
 	if s != "" && strings.Trim(s, "0123456789") == "" {
 		// A bare number is refused: "1" is more likely a ratio than a byte.
 		return fmt.Errorf("invalid memory limit %q: a number with no unit could be bytes or a ratio (want a size with a unit, such as %sB or 512MiB, or a ratio with a decimal point, such as 0.9, where 1.0 is all the memory)", s, s)
 	}
-	if err != nil || b <= 0 {
+	if err != nil {
+		// The size's own reason (a unit unknown, or read as bits), then
+		// what else the limit takes.
+		why := err.Error()
+		if _, after, ok := strings.Cut(why, fmt.Sprintf("%q: ", s)); ok {
+			return fmt.Errorf("invalid memory limit %q: %s (or a ratio such as 0.9, or none)", s, after)
+		}
 		return fmt.Errorf("invalid memory limit %q (want a size with a unit such as 512MiB, a ratio such as 0.9, or none)", s)
 	}
 	if b < MinMemoryLimit {

@@ -53,6 +53,12 @@ func TestGCEnv(t *testing.T) {
 		{"PROXY_GC_MEMORY_LIMIT", "100000000000GiB", "is too large: at most"},
 		{"PROXY_GC_MEMORY_LIMIT", "1073741824", "with a unit"},
 		{"PROXY_GC_MEMORY_LIMIT", "1MiB", "16MiB floor"},
+		// The size's own reason, not only "want a size with a unit" for a
+		// value that had one (a tester).
+		{"PROXY_GC_MEMORY_LIMIT", "10TiB", `unknown unit "TiB"`},
+		{"PROXY_GC_MEMORY_LIMIT", "512Mb", `"Mb" reads as bits`},
+		{"PROXY_GC_MEMORY_LIMIT", "0B", "write none for no limit"},
+		{"PROXY_GC_MEMORY_LIMIT", "0", "write none for no limit"},
 	}
 	for _, tt := range invalid {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
