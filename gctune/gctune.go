@@ -90,10 +90,17 @@ func (t *Tuner) apply(e config.Env, environ map[string]string) error {
 	s := State{Tuning: e.GCTuning}
 	userGOGC, userLimit := environ["GOGC"] != "", environ["GOMEMLIMIT"] != ""
 	if v := environ["GOGC"]; userGOGC && v != "off" {
-		if _, err := strconv.ParseInt(v, 10, 32); err != nil {
+		n, err := strconv.ParseInt(v, 10, 32)
+		if err != nil {
 			// The runtime takes it for 100 without a word, one past
 			// 32 bits too.
 			return fmt.Errorf("GOGC=%s: must be an integer percentage of at most %d, or off (Go ignores any other value and uses 100)", v, math.MaxInt32)
+		}
+		if n <= 0 {
+			// The runtime takes 0 (and below) as a collection after
+			// every allocation's worth of growth: never what was meant,
+			// and PROXY_GC_PERCENT refuses it.
+			return fmt.Errorf("GOGC=%s: the collector would run without pause; set a percentage from 1 to %d, or off", v, math.MaxInt32)
 		}
 	}
 

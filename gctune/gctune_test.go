@@ -157,6 +157,13 @@ func TestApplyBadGOGC(t *testing.T) {
 			t.Errorf("GOGC=%s: err = %v, want one naming it", v, err)
 		}
 	}
+	// 0 is read by the runtime, as a collector that never pauses: refused
+	// as PROXY_GC_PERCENT=0 is (a tester found it taken in silence).
+	for _, v := range []string{"0", "-1"} {
+		if _, err := apply(t, map[string]string{"GOGC": v}, 4*gib, nil); err == nil || !strings.Contains(err.Error(), "GOGC="+v+": the collector would run without pause") {
+			t.Errorf("GOGC=%s: err = %v, want it refused", v, err)
+		}
+	}
 	for _, v := range []string{"off", "200", "2147483647"} {
 		if _, err := apply(t, map[string]string{"GOGC": v}, 4*gib, nil); err != nil {
 			t.Errorf("GOGC=%s: %v", v, err)
