@@ -230,8 +230,8 @@ func TestReloadHostDeployments(t *testing.T) {
 		t.Fatal(err)
 	}
 	status, res := postReload(t, c, p)
-	if status != http.StatusConflict || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], "applications[1].deployments[0].num_replicas") {
-		t.Errorf("reload with the hosts' num_replicas changed: %d %+v, want 409 naming it", status, res)
+	if status != http.StatusConflict || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], "applications[1].deployments[0].num_replicas: changed from 2 to 3;") {
+		t.Errorf("reload with the hosts' num_replicas changed: %d %+v, want 409 naming it with both values", status, res)
 	}
 	// So is max_ongoing_requests, which the hosts' actors enforce.
 	if err := os.WriteFile(path, []byte(strings.Replace(hosted(2), "host_handler: static\n", "host_handler: static\n        max_ongoing_requests: 7\n", 1)), 0o600); err != nil {

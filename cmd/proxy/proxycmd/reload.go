@@ -335,7 +335,7 @@ func (rl *reloader) plan(next *config.Config) (changes []change, restart []strin
 			if nd.Handler == config.HandlerHost && nd.NumReplicas != cd.NumReplicas {
 				// The hosts' actors per host: they read it when they
 				// start, and the proxy learns them when it connects.
-				needs(df+".num_replicas", "changed; the replica hosts read it when they start, and the proxy learns their actors when it connects")
+				needs(df+".num_replicas", fmt.Sprintf("changed from %d to %d; the replica hosts read it when they start, and the proxy learns their actors when it connects", cd.NumReplicas, nd.NumReplicas))
 			}
 			if nd.Handler == config.HandlerHost && nd.MaxOngoingRequests != cd.MaxOngoingRequests {
 				// Each actor enforces its own, authoritatively.
