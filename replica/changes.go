@@ -226,7 +226,9 @@ func (d *Deployment) Replaces() bool { return d.spec.Connect == nil }
 // gone leave routing and drain. An empty set is valid: every replica is
 // gone, and requests get 503 "No replicas are available". The targets it
 // could not connect to are in its error, and are tried again at each
-// health check until they connect or leave the list.
+// health check until they connect or leave the list; so is a
+// *ConfigRefusedError for each target connected whose replicas did not
+// take the user_config (see SplitConfigRefused).
 func (d *Deployment) SetTargets(targets []string) error {
 	if d.spec.Connect == nil {
 		return errors.New("SetTargets: the deployment does not follow targets")
@@ -281,7 +283,7 @@ func (d *Deployment) SetTargets(targets []string) error {
 	}
 	d.mu.Unlock()
 
-	errs := d.connectTargets(fresh)
+	errs, refused := d.connectTargets(fresh)
 	d.mu.Lock()
 	if afterConnect {
 		d.retireGoneLocked(gone, " (kept until the new targets were connected)")
@@ -299,7 +301,42 @@ func (d *Deployment) SetTargets(targets []string) error {
 		}
 	}
 	d.mu.Unlock()
-	return errors.Join(errs...)
+	return errors.Join(append(errs, refused...)...)
+}
+
+// ConfigRefusedError is a target connected for SetTargets whose replicas
+// did not take the deployment's user_config: they stay out of routing
+// until they do, given it again at each health check.
+type ConfigRefusedError struct {
+	Target string
+	// Refused of Of replicas of the target did not take it.
+	Refused, Of int
+}
+
+// SplitConfigRefused splits an error of SetTargets into the targets whose
+// replicas refused the user_config (connected, out of routing until they
+// take it) and the rest (targets not connected), nil if none.
+func SplitConfigRefused(err error) (refused []*ConfigRefusedError, rest error) {
+	var errs []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	} else if err != nil {
+		errs = []error{err}
+	}
+	var others []error
+	for _, e := range errs {
+		if r, ok := e.(*ConfigRefusedError); ok {
+			refused = append(refused, r)
+		} else {
+			others = append(others, e)
+		}
+	}
+	return refused, errors.Join(others...)
+}
+
+// Error implements error.
+func (e *ConfigRefusedError) Error() string {
+	return fmt.Sprintf("target %s: %d of its %d replicas did not take the deployment's user_config: out of routing until they do (given it again at each health check)", e.Target, e.Refused, e.Of)
 }
 
 // retireGoneLocked takes out of routing the replicas of targets no longer
@@ -317,10 +354,29 @@ func (d *Deployment) retireGoneLocked(gone []Replica, note string) {
 
 // connectTargets connects fresh, targets the deployment has no replicas
 // of, at once, and adds their replicas to routing (given the user_config
-// first). It returns each target's error. control must be held.
-func (d *Deployment) connectTargets(fresh []string) []error {
+// first). It returns each target's error, and a *ConfigRefusedError for
+// each target connected whose replicas did not take the user_config.
+// control must be held.
+func (d *Deployment) connectTargets(fresh []string) (errs, refused []error) {
 	conns, errs := d.dialTargets(fresh)
-	return d.addTargets(fresh, conns, errs)
+	errs = d.addTargets(fresh, conns, errs)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i, rs := range conns {
+		if errs[i] != nil {
+			continue
+		}
+		n := 0
+		for _, r := range rs {
+			if d.unsync[r] {
+				n++
+			}
+		}
+		if n > 0 {
+			refused = append(refused, &ConfigRefusedError{Target: fresh[i], Refused: n, Of: len(rs)})
+		}
+	}
+	return errs, refused
 }
 
 // dialTargets connects fresh at once, so that a target that does not

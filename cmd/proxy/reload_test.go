@@ -41,6 +41,7 @@ func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
 // reloadResult is POST /-/reload's answer.
 type reloadResult struct {
 	Applied  []string `json:"applied"`
+	Partial  []string `json:"partial"`
 	Problems []string `json:"problems"`
 	Failed   []string `json:"failed"`
 }
@@ -592,5 +593,36 @@ func TestReloadRefusedOnceShuttingDown(t *testing.T) {
 	}
 	if p.logged("config reloaded") || p.logged("config reload:") || !p.logged("nothing is reloaded") {
 		t.Fatalf("a reload was made during the shutdown, or its refusal not logged:\n%s", strings.Join(p.stderrLines(), "\n"))
+	}
+}
+
+// A reload that adds a replica host whose actors refuse the deployment's
+// user_config says so (207, partial), where it answered 200 and only the
+// log told that the new host's actors never served (a tester).
+func TestReloadHostRefusingTheUserConfig(t *testing.T) {
+	good := startReplicaHost(t, "-handler", "static", "-replicas", "1")
+	bad := startReplicaHost(t, "-handler", "echo", "-replicas", "2")
+	file := func(hosts string) string {
+		return `applications:
+  - name: a
+    route_prefix: /
+    deployments:
+      - name: h
+        handler: host
+        hosts: [` + hosts + `]
+        host_handler: static
+        num_replicas: 1
+        user_config: {body: hi}
+`
+	}
+	path := writeConfig(t, file(`"`+good.addr+`"`))
+	p := startProxy(t, nil, "-config", path)
+	c := newClient(t, 4)
+	if err := os.WriteFile(path, []byte(file(`"`+good.addr+`", "`+bad.addr+`"`)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	status, res := postReload(t, c, p)
+	if status != http.StatusMultiStatus || len(res.Partial) != 1 || !strings.Contains(res.Partial[0], "target "+bad.addr+": 2 of its 2 replicas did not take the deployment's user_config") {
+		t.Errorf("reload adding a host whose actors refuse the user_config: %d %+v, want 207 naming it", status, res)
 	}
 }

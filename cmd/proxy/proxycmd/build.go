@@ -170,7 +170,9 @@ func discoveredTargets(dep func() *proxy.Deployment, log zerolog.Logger) func([]
 		logged time.Time
 	)
 	return func(targets []string) error {
-		err := dep().SetTargets(targets)
+		// A target whose replicas refused the user_config is connected,
+		// and said so in the log: no failure of discovery's.
+		_, err := replica.SplitConfigRefused(dep().SetTargets(targets))
 		msg := ""
 		if err != nil && !errors.Is(err, context.Canceled) { // Canceled: stopping
 			msg = err.Error()

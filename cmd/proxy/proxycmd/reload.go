@@ -181,16 +181,17 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 		var (
 			pending *startPendingError
 			untaken *untakenError
+			refused *refusedTargetsError
 		)
 		switch {
 		case errors.As(err, &pending):
 			res.Applied = append(res.Applied, fmt.Sprintf("%s (some replicas not started yet, retried in the background: %v)", c.what, pending.err))
 			continue
-		case errors.As(err, &untaken):
-			// Made, and recorded: the replicas that missed it get it
-			// again at each health check.
-			res.Applied = append(res.Applied, fmt.Sprintf("%s (%v)", c.what, untaken))
-			res.Partial = append(res.Partial, fmt.Sprintf("%s: %v", c.what, untaken))
+		case errors.As(err, &untaken), errors.As(err, &refused):
+			// Made, and recorded: the replicas that missed the
+			// user_config get it again at each health check.
+			res.Applied = append(res.Applied, fmt.Sprintf("%s (%v)", c.what, err))
+			res.Partial = append(res.Partial, fmt.Sprintf("%s: %v", c.what, err))
 			c.applied()
 			continue
 		case err != nil:
@@ -219,6 +220,18 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 		res.Status = http.StatusMultiStatus // as PUT .../user_config
 	}
 	return res
+}
+
+// refusedTargetsError is a list of targets made whose new targets'
+// replicas, connected, did not all take the user_config.
+type refusedTargetsError struct{ refused []*replica.ConfigRefusedError }
+
+func (e *refusedTargetsError) Error() string {
+	msgs := make([]string, len(e.refused))
+	for i, r := range e.refused {
+		msgs[i] = r.Error()
+	}
+	return strings.Join(msgs, "; ")
 }
 
 // untakenError is a user_config change that some replicas have not taken
@@ -413,7 +426,13 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 			field = "hosts"
 		}
 		out = append(out, change{dep: dep, what: fmt.Sprintf("%s: %s %v", name, field, list),
-			apply:   func(_ context.Context, d *proxy.Deployment) error { return d.SetTargets(list) },
+			apply: func(_ context.Context, d *proxy.Deployment) error {
+				err := d.SetTargets(list)
+				if refused, rest := replica.SplitConfigRefused(err); rest == nil && len(refused) > 0 {
+					return &refusedTargetsError{refused}
+				}
+				return err
+			},
 			applied: func() { rl.targets[i][j] = list }, partial: true})
 	}
 	// The file cannot give these a user_config, or never gave this one
