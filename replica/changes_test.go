@@ -892,3 +892,35 @@ func TestReconfigureSlowFactoryDoesNotHoldUpStop(t *testing.T) {
 		t.Fatalf("a replica saw the config after Stop: %v", h.seen.Load())
 	}
 }
+
+// statsFailing is a replica whose stats call fails, as a stalled host's
+// does.
+type statsFailing struct{ *Local }
+
+func (s statsFailing) Call(ctx context.Context, method string, payload []byte) ([]byte, error) {
+	if method == MethodStats {
+		return nil, context.DeadlineExceeded
+	}
+	return s.Local.Call(ctx, method, payload)
+}
+
+// A replica that does not answer its stats call is shown with the proxy's
+// own counts of it, not zeros (a tester: a stalled host's replicas read
+// ongoing 0, served 0 and max_ongoing_requests 0 while 8 requests were on
+// them).
+func TestStatsOfAReplicaThatDoesNotAnswer(t *testing.T) {
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"}, HealthCheckPeriod: time.Hour,
+		Connect: func(_ context.Context, id, _ string, onRelease func()) ([]Replica, error) {
+			return []Replica{statsFailing{NewLocal(id, handlerFunc(func(w http.ResponseWriter, _ *http.Request) {}), 3, onRelease)}}, nil
+		}})
+	h := d.Replicas()[0]
+	release, ok := h.TryAcquire()
+	if !ok {
+		t.Fatal("no slot")
+	}
+	defer release()
+	st := d.Stats(context.Background())
+	if len(st) != 1 || st[0].Error == "" || st[0].Ongoing != 1 || st[0].MaxOngoing != 3 || st[0].Peak != 1 || st[0].State != StateRunning {
+		t.Errorf("stats %+v, want its error and the proxy's counts: 1 ongoing of 3, peak 1, RUNNING", st)
+	}
+}

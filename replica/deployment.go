@@ -484,8 +484,25 @@ type ReplicaStatus struct {
 	Unsynced bool `json:"waiting_for_user_config,omitempty"`
 }
 
+// slotCounts is a replica's slots, as the proxy holds them.
+type slotCounts interface {
+	Ongoing() int
+	MaxOngoing() int
+	Peak() int
+	Served() uint64
+}
+
+var (
+	_ slotCounts = (*Local)(nil)
+	_ slotCounts = (*hostReplica)(nil)
+	_ slotCounts = (*Upstream)(nil)
+)
+
 // Stats broadcasts MethodStats to every replica, the draining ones
-// included, and returns their answers in pool order.
+// included, and returns their answers in pool order. A replica that does
+// not answer (a stalled host) has its Error set and the proxy's own counts
+// of it: the requests it holds slots for, its limit, its peak and the
+// requests served.
 func (d *Deployment) Stats(ctx context.Context) []ReplicaStatus {
 	d.mu.Lock()
 	pool := d.pool
@@ -495,9 +512,9 @@ func (d *Deployment) Stats(ctx context.Context) []ReplicaStatus {
 		healthy[r.ID()] = r.State() == StateRunning && d.failures[r] < 1 && !d.excluded[r]
 		unsynced[r.ID()] = d.unsync[r]
 	}
-	state := make(map[string]State, len(d.replicas)+len(d.retired))
+	byID := make(map[string]Replica, len(d.replicas)+len(d.retired))
 	for _, r := range slices.Concat(d.replicas, d.retired) {
-		state[r.ID()] = r.State()
+		byID[r.ID()] = r
 	}
 	target := make(map[string]string, len(d.targets))
 	for r, t := range d.targets {
@@ -513,7 +530,14 @@ func (d *Deployment) Stats(ctx context.Context) []ReplicaStatus {
 		}
 		if r.Err != nil {
 			s.Error = r.Err.Error()
-			s.State = state[s.ID] // the controller's view, not STARTING
+			// The proxy's own view rather than zeros: the controller's
+			// state, and the slots it holds for the replica.
+			if rep := byID[s.ID]; rep != nil {
+				s.State = rep.State()
+				if c, ok := rep.(slotCounts); ok {
+					s.Ongoing, s.MaxOngoing, s.Peak, s.Served = c.Ongoing(), c.MaxOngoing(), c.Peak(), c.Served()
+				}
+			}
 		}
 		// Health is the controller's view: a stats call that failed (a
 		// stalled host, a deadline) is no health verdict.
