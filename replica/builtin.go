@@ -35,6 +35,9 @@ func DecodeUserConfig(kind string, raw json.RawMessage, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("%s: user_config: %w", kind, PlainJSONError(err))
 	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%s: user_config: more after the JSON object", kind)
+	}
 	return nil
 }
 

@@ -30,8 +30,13 @@ func ExactKeys(raw []byte, v any) error {
 	if !ok {
 		return nil
 	}
+	seen := make(map[string]bool, len(keys))
 	for _, k := range keys {
 		if hasJSONField(t, k) {
+			if seen[k] {
+				return fmt.Errorf("field %q given twice", k)
+			}
+			seen[k] = true
 			continue
 		}
 		for i := range t.NumField() {

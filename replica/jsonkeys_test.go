@@ -18,7 +18,8 @@ func TestExactKeys(t *testing.T) {
 		`{"body": "a", "status": 1, "Plain": 2}`: "",
 		`{"BODY": "a"}`:                          `unknown field "BODY": keys are matched exactly, the field is "body"`,
 		`{"body": "a", "Body": "b"}`:             `unknown field "Body"`,
-		`{"Zeta": 1, "Alpha": 2, "Mid": 3}`:      `unknown field "Zeta"`, // the first written, every time (found by review)
+		`{"body": "a", "body": "b"}`:             `field "body" given twice`, // as the doc says (a tester)
+		`{"Zeta": 1, "Alpha": 2, "Mid": 3}`:      `unknown field "Zeta"`,     // the first written, every time (found by review)
 		`{"plain": 1}`:                           `the field is "Plain"`,
 		`{"Skipped": 1}`:                         `unknown field "Skipped"`,
 		`{"hidden": 1}`:                          `unknown field "hidden"`,

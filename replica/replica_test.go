@@ -141,6 +141,8 @@ func TestBuiltinConfigErrors(t *testing.T) {
 		{"sleep past a day", NewSleep, `{"ms":1e13}`, "ms must be 0 to 86400000 (a day), got 10000000000000"},
 		{"sleep unknown", NewSleep, `{"seconds":1}`, `unknown field "seconds"`},
 		{"echo takes none", NewEcho, `{"x":1}`, `unknown field "x"`},
+		{"static key twice", NewStatic, `{"body":"a","body":"b"}`, `field "body" given twice`},
+		{"sleep more after the object", NewSleep, `{"ms":1}garbage`, "more after the JSON object"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
