@@ -83,20 +83,25 @@ type Call struct {
 // the host's batcher, which sends the bytes with the first call naming the
 // Ref on each of its connections, and the host keeps them under an id that
 // every later call carries instead; Free drops the bytes there too. A Ref
-// is only meaningful to the pool that made it.
+// is only meaningful to the pool that made it: another pool's calls with it
+// fail with ErrUnknownRef (ForeachBroadcast, which has no pool, takes any).
 type Ref struct {
 	pool *Pool
 	id   uint64
 }
 
 // payload returns the bytes the call's actor gets: Payload, or what Ref
-// names.
-func (c Call) payload() ([]byte, error) {
+// names. A Ref made by another pool than in (nil for any) names nothing
+// here: its Free there would not end it here.
+func (c Call) payload(in *Pool) ([]byte, error) {
 	if c.Ref.pool == nil {
 		return c.Payload, nil
 	}
 	if c.Payload != nil {
 		return nil, errRefAndPayload
+	}
+	if in != nil && c.Ref.pool != in {
+		return nil, fmt.Errorf("%w: %d was made by another pool", ErrUnknownRef, c.Ref.id)
 	}
 	return c.Ref.pool.resolve(c.Ref)
 }
@@ -288,7 +293,7 @@ func (p *Pool) run(a Actor, t *task) {
 		} else {
 			r.Actor = a.ID()
 			calling = t
-			r.Value, r.Err = safeCall(t.ctx, a, t.call)
+			r.Value, r.Err = safeCall(t.ctx, p, a, t.call)
 			calling = nil
 		}
 		p.mu.Lock()

@@ -78,7 +78,7 @@ func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 		chunks:  make([]chunk, (n+broadcastChunk-1)/broadcastChunk),
 		done:    make(chan struct{}),
 	}
-	payload, perr := c.payload()
+	payload, perr := c.payload(p)
 	b.c = Call{Method: c.Method, Payload: payload} // resolved once for every actor
 	b.ref = c.Ref
 	var groups []hostGroup
@@ -444,7 +444,7 @@ func ForeachBroadcast(ctx context.Context, actors []Actor, c Call) []Result {
 		}
 		wg.Go(func() {
 			r := &results[i]
-			r.Value, r.Err = safeCall(ctx, a, arg)
+			r.Value, r.Err = safeCall(ctx, nil, a, arg)
 			r.Actor = a.ID()
 		})
 	}
@@ -452,10 +452,10 @@ func ForeachBroadcast(ctx context.Context, actors []Actor, c Call) []Result {
 	return results
 }
 
-// safeCall calls a with c's payload, resolving c.Ref if it has one, and
-// turns a panic into a *PanicError.
-func safeCall(ctx context.Context, a Actor, c Call) (v []byte, err error) {
-	payload, err := c.payload()
+// safeCall calls a with c's payload, resolving c.Ref if it has one (made
+// by pool in, or any if nil), and turns a panic into a *PanicError.
+func safeCall(ctx context.Context, in *Pool, a Actor, c Call) (v []byte, err error) {
+	payload, err := c.payload(in)
 	if err != nil {
 		return nil, err
 	}

@@ -1241,3 +1241,18 @@ func TestBroadcastGoexitOnEveryWorker(t *testing.T) {
 		}
 	}
 }
+
+// A Ref made by another pool names nothing here, as the doc says: its
+// Free there would not end it here (a tester: it was resolved).
+func TestRefOfAnotherPool(t *testing.T) {
+	echo := &fnActor{id: "a", fn: func(_ context.Context, _ string, p []byte) ([]byte, error) { return p, nil }}
+	p, q := NewPool(echo), NewPool()
+	ref := q.Put([]byte("q's"))
+	if rs := p.Broadcast(context.Background(), Call{Method: "m", Ref: ref}); len(rs) != 1 || !errors.Is(rs[0].Err, ErrUnknownRef) {
+		t.Errorf("Broadcast with another pool's Ref: %+v, want ErrUnknownRef", rs)
+	}
+	p.Submit(context.Background(), Call{Method: "m", Ref: ref})
+	if r, err := p.GetNext(context.Background()); err != nil || !errors.Is(r.Err, ErrUnknownRef) {
+		t.Errorf("Submit with another pool's Ref: %+v, %v; want ErrUnknownRef", r, err)
+	}
+}
