@@ -103,13 +103,12 @@ type Options struct {
 	MaxBodyBytes int64
 	// ClientBodyTimeout, if above 0, bounds the wait for each part of a
 	// request's body: past it, the request is answered 408 and its
-	// connection closed (see trackedBody).
+	// connection closed.
 	ClientBodyTimeout time.Duration
 	// ClientSendTimeout, if above 0, bounds each write of a response to
 	// its client once the response is larger than net/http buffers, or
 	// flushed: a client that takes no part of it for that long is taken
-	// for gone (499), its connection closed, and its replica's slot freed
-	// (see statusWriter.armSend).
+	// for gone (499), its connection closed, and its replica's slot freed.
 	ClientSendTimeout time.Duration
 	// Log receives the proxy's own events. The zero Logger logs nothing.
 	Log zerolog.Logger

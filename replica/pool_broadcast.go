@@ -42,8 +42,8 @@ const broadcastChunk = 32
 // Call is a *PanicError in its Result.
 //
 // The calls run on a few worker goroutines, GOMAXPROCS to start with, each
-// claiming actors broadcastChunk at a time and calling them inline. At every
-// broadcastStall, while actors are left unclaimed, Broadcast starts one more
+// claiming actors 32 at a time and calling them inline. Every 200 µs,
+// while actors are left unclaimed, Broadcast starts one more
 // worker for each worker that has been in one call since the last look. So
 // a slow or dead actor holds up only its own answer, and when every call is
 // slow the workers double at every stall, towards one per actor. Workers

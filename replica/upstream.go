@@ -241,7 +241,7 @@ type outgoing struct {
 }
 
 // BatchAnswers implements AnswerBatcher: an HTTP replica's answers go out
-// in bursts under load, as its requests do (see clientConn.roundTrip).
+// in bursts under load, as its requests do.
 func (u *Upstream) BatchAnswers() bool { return true }
 
 // Serve implements Handle: it forwards r to the replica and copies the
