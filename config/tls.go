@@ -37,7 +37,7 @@ type HostTLS struct {
 type TLSFileError struct {
 	Field string
 	Path  string // "" when the file is missing from the config
-	Err   error
+	Err   error  // the cause
 }
 
 // Error implements error: the field, then Message.

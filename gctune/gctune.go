@@ -47,11 +47,11 @@ type State struct {
 	Tuning bool `json:"tuning"`
 	// Percent is GOGC; -1 means off.
 	Percent       int    `json:"percent"`
-	PercentSource string `json:"percent_source"`
+	PercentSource string `json:"percent_source"` // what set Percent: one of the Source constants
 	// MemoryLimitBytes is the soft memory limit; 0 means none.
 	MemoryLimitBytes  int64  `json:"memory_limit_bytes"`
-	MemoryLimit       string `json:"memory_limit"`
-	MemoryLimitSource string `json:"memory_limit_source"`
+	MemoryLimit       string `json:"memory_limit"`        // MemoryLimitBytes as a size (512MiB), or "none"
+	MemoryLimitSource string `json:"memory_limit_source"` // what set it: one of the Source constants
 	// MemoryLimitRatio is the share of the memory available (the cgroup's
 	// limit, else the system's) that the limit was resolved from; 0 for a
 	// fixed limit or none. A replica host that set_gc reaches on another

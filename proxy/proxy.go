@@ -27,8 +27,8 @@ import (
 // routes requests to its replicas.
 type Deployment struct {
 	*replica.Deployment
-	Scheduler *router.Scheduler
-	route     string // the route prefix it is the ingress of; "" if none
+	Scheduler *router.Scheduler // routes the deployment's requests among its replicas
+	route     string            // the route prefix it is the ingress of; "" if none
 	// replicaMetrics are its route's per-replica metrics, pruned at scrape
 	// time; nil if it is no route's ingress.
 	replicaMetrics *routeMetrics

@@ -529,8 +529,8 @@ func (d *Deployment) joinFailedLocked(r Replica, err error) {
 
 // TargetError is a target a deployment could not connect to, and why.
 type TargetError struct {
-	Target string `json:"target"`
-	Error  string `json:"error"`
+	Target string `json:"target"` // as listed or resolved: an upstream's URL, a host's address
+	Error  string `json:"error"`  // why it could not be connected to
 }
 
 // Unconnected returns the targets the last SetTargets could not connect

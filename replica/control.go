@@ -42,8 +42,8 @@ var (
 
 // Stats is a replica's answer to MethodStats: its own counts.
 type Stats struct {
-	ID    string `json:"id"`
-	State State  `json:"state"`
+	ID    string `json:"id"`    // the replica's
+	State State  `json:"state"` // where it is in its life cycle
 	// Ongoing is how many requests the replica is running now.
 	Ongoing int `json:"ongoing"`
 	// Queued is how many requests wait at the replica itself for a slot:

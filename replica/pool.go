@@ -61,6 +61,8 @@ type refFreer interface {
 
 // Call is one method call for an actor.
 type Call struct {
+	// Method names what the actor is to do (MethodCheckHealth, MethodStats,
+	// ... for replicas; any name an Actor of one's own knows).
 	Method string
 	// Payload is the encoded argument. A Broadcast shares one Payload
 	// read-only among all its actors: it is encoded once, by the caller.
@@ -109,8 +111,8 @@ func (c Call) payload(in *Pool) ([]byte, error) {
 // Result is an actor's answer to one call.
 type Result struct {
 	Actor string // ID of the actor that ran the call; "" if none did
-	Value []byte
-	Err   error // the call's own error; a panic in Call is a *PanicError
+	Value []byte // the actor's answer, nil with Err
+	Err   error  // the call's own error; a panic in Call is a *PanicError
 }
 
 var (

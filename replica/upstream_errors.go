@@ -30,7 +30,7 @@ type UnreachableError struct {
 	// routing until a health check passes. A failure on one connection
 	// (a kept-alive one the replica had closed) says nothing of the rest.
 	Down bool
-	Err  error
+	Err  error // the cause
 }
 
 // Error implements error. Only a replica that could not be reached at all
@@ -56,7 +56,7 @@ func (e *UnreachableError) Retryable() bool { return !e.Sent }
 // 504.
 type TimeoutError struct {
 	Replica string // the replica's ID
-	Err     error
+	Err     error  // the cause
 }
 
 // Error implements error.
@@ -71,7 +71,7 @@ func (e *TimeoutError) Error() string {
 // RoundTripper's such errors are *ReplicaError.)
 type InvalidResponseError struct {
 	Replica string // the replica's ID
-	Err     error
+	Err     error  // the cause
 }
 
 // Error implements error.
@@ -84,7 +84,7 @@ func (e *InvalidResponseError) Error() string {
 // own limit let it in: the proxy answers 431, and the replica saw nothing.
 type HeaderTooLargeError struct {
 	Replica string // the replica's ID
-	Err     error
+	Err     error  // the cause
 }
 
 // Error implements error.
@@ -98,7 +98,7 @@ func (e *HeaderTooLargeError) Error() string {
 // already). The proxy answers 500 when it still can.
 type ReplicaError struct {
 	Replica string // the replica's ID
-	Err     error
+	Err     error  // the cause
 }
 
 // Error implements error.
@@ -136,7 +136,7 @@ func (e *FullError) Retryable() bool { return !e.BodyLost }
 // its error.
 type SessionError struct {
 	Replica string // the replica's ID
-	Err     error
+	Err     error  // the cause
 }
 
 // Error implements error.
@@ -149,7 +149,7 @@ func (e *SessionError) Error() string {
 // malformed chunk, or went over the proxy's body limit (it unwraps to the
 // *http.MaxBytesError then: 413).
 type RequestBodyError struct {
-	Err error
+	Err error // the cause
 }
 
 // Error implements error.
