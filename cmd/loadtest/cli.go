@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"strings"
 	"time"
 )
 
@@ -32,8 +34,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case "reverseproxy":
 			return runReverseProxy(ctx, args[1:], stdout, stderr)
 		}
+		if a := args[0]; !strings.HasPrefix(a, "-") && !strings.ContainsAny(a, ":/=.") {
+			// Neither a flag nor a URL: a subcommand mistyped, which read
+			// as a URL gave "set at least one of -n, -t" or worse.
+			fmt.Fprintf(stderr, "loadtest: unknown subcommand %q (compare, gc-compare, soak, broadcast, reverseproxy), and no URL (http://host:port/)\n", a)
+			return exitInvalid
+		}
 	}
 	return runLoad(ctx, args, stdout, stderr)
+}
+
+// checkProxyFlag refuses a -proxy that is no executable file, before any
+// run begins.
+func checkProxyFlag(path string) error {
+	if path == "" {
+		return nil // built
+	}
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return usagef("-proxy: %v", err)
+	case fi.IsDir():
+		return usagef("-proxy: %s is a directory, not the proxy binary", path)
+	case fi.Mode()&0o111 == 0:
+		return usagef("-proxy: %s is not executable", path)
+	}
+	return nil
 }
 
 // usageError is a problem with the command line; it exits 2.

@@ -124,6 +124,9 @@ func parseCompareOptions(args []string, stderr io.Writer) (compareOptions, error
 		Rounds: *rounds, Duration: *d, Concurrency: *c, Warmup: *warmup,
 		Tool: loadtest.Tool(*tool), AllowRemote: *allowRemote,
 	}
+	if err := checkProxyFlag(*proxyPath); err != nil {
+		return compareOptions{}, err
+	}
 	opts := compareOptions{cfg: cfg, stacks: *stacks, proxyPath: *proxyPath, keep: *keep}
 	if *stacks {
 		return opts, nil

@@ -88,6 +88,9 @@ func parseGCCompare(args []string, stderr io.Writer) (gcOptions, error) {
 	case *c < 1:
 		return gcOptions{}, usagef("-c: must be >= 1, got %d", *c)
 	}
+	if err := checkProxyFlag(*proxyPath); err != nil {
+		return gcOptions{}, err
+	}
 	cfg := loadtest.GCCompareConfig{
 		ProxyPath: *proxyPath, Scenario: *scenario, Tool: loadtest.Tool(*tool), Rounds: *rounds, Duration: *d,
 		Rate: *rate, Requests: *n, ClosedDuration: *closedT, Concurrency: *c, AccessLog: *accessLog, KeepLogs: *keepLogs,

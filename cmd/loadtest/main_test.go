@@ -61,6 +61,9 @@ func TestFlagErrors(t *testing.T) {
 		{"no url", []string{"-n", "1"}, "URL: missing"},
 		{"two urls", []string{"-n", "1", u, u}, "unexpected arguments"},
 		{"no limit", []string{u}, "-n, -t: set at least one"},
+		// A subcommand mistyped is said to be one (a tester: "compar"
+		// read as a URL).
+		{"unknown subcommand", []string{"compar", "a=" + u}, `unknown subcommand "compar"`},
 		{"negative n", []string{"-n", "-1", u}, "-n: must be >= 0"},
 		{"zero c", []string{"-n", "1", "-c", "0", u}, "-c: must be >= 1"},
 		{"bad c", []string{"-c", "many", u}, `invalid value "many" for flag -c`},
@@ -346,6 +349,7 @@ func TestReverseProxyFlags(t *testing.T) {
 		{[]string{"-target", "ftp://127.0.0.1/"}, "-target: want http://HOST:PORT"},
 		{[]string{"-target", "http://192.0.2.1/"}, "-target:"},
 		{[]string{"-target", "http://127.0.0.1:1/", "-listen", "0.0.0.0:0"}, "-listen: want a loopback HOST:PORT"},
+		{[]string{"-target", "http://127.0.0.1:1/", "extra"}, `unexpected arguments ["extra"]`}, // it served (a tester)
 	} {
 		code, _, stderr := runCmd(t, append([]string{"reverseproxy"}, tc.args...)...)
 		if code != exitInvalid || !strings.Contains(stderr, tc.want) {
@@ -357,7 +361,7 @@ func TestReverseProxyFlags(t *testing.T) {
 // -h is asked for: exit 0 with the usage, as the proxy's and the
 // replica's (it was 2, found by a tester).
 func TestHelpExitsZero(t *testing.T) {
-	for _, args := range [][]string{{"-h"}, {"soak", "-h"}, {"compare", "-h"}} {
+	for _, args := range [][]string{{"-h"}, {"soak", "-h"}, {"compare", "-h"}, {"reverseproxy", "-h"}} {
 		code, _, stderr := runCmd(t, args...)
 		if code != exitOK || !strings.Contains(stderr, "usage: loadtest") {
 			t.Errorf("loadtest %v: exit %d, stderr %q; want 0 and the usage", args, code, stderr)
@@ -371,5 +375,20 @@ func TestComparePIDChecked(t *testing.T) {
 	code, _, stderr := runCmd(t, "compare", "-pid", "a=99999999", "a=http://127.0.0.1:9/", "b=http://127.0.0.1:9/")
 	if code != exitInvalid || !strings.Contains(stderr, "-pid: a=99999999: no process") {
 		t.Errorf("exit %d, stderr %q; want 2 naming the pid", code, stderr)
+	}
+}
+
+// A -proxy that is no binary is refused before anything runs, naming the
+// flag (a tester: gc-compare printed its header, then failed with exit 1).
+func TestProxyFlagChecked(t *testing.T) {
+	for _, args := range [][]string{
+		{"gc-compare", "-proxy", "/nonexistent/proxy"},
+		{"soak", "-proxy", "/nonexistent/proxy"},
+		{"compare", "-stacks", "-proxy", "/nonexistent/proxy"},
+	} {
+		code, stdout, stderr := runCmd(t, args...)
+		if code != exitInvalid || !strings.Contains(stderr, "-proxy: ") || stdout != "" {
+			t.Errorf("loadtest %v: exit %d, stdout %q, stderr %q; want 2 naming -proxy, nothing run", args, code, stdout, stderr)
+		}
 	}
 }

@@ -18,10 +18,19 @@ import (
 func runReverseProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("loadtest reverseproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: loadtest reverseproxy -target URL [flags]\n\n"+
+			"Serves Go's httputil.ReverseProxy, its transport tuned as compare -stacks runs it, in front of\n"+
+			"-target, until interrupted: the baseline the proxy's forwarding is measured against.\n\nflags:\n")
+		fs.PrintDefaults()
+	}
 	listen := fs.String("listen", "127.0.0.1:0", "address to listen on (loopback)")
 	target := fs.String("target", "", "the `URL` of the server to forward to (loopback)")
 	if err := fs.Parse(args); err != nil {
-		return exitInvalid
+		return report(stderr, "loadtest reverseproxy", err)
+	}
+	if fs.NArg() > 0 {
+		return report(stderr, "loadtest reverseproxy", usagef("unexpected arguments %q: it takes flags only", fs.Args()))
 	}
 	if *target == "" {
 		return report(stderr, "loadtest reverseproxy", usagef("-target: required"))

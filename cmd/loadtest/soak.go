@@ -75,6 +75,9 @@ func parseSoak(args []string, stderr io.Writer) (soakOptions, error) {
 	if !set["warmup"] {
 		*warmup = min(*warmup, *d/2)
 	}
+	if err := checkProxyFlag(*proxyPath); err != nil {
+		return soakOptions{}, err
+	}
 	cfg := loadtest.SoakConfig{ProxyPath: *proxyPath, Rate: *rate, Duration: *d, Every: *every, Warmup: *warmup}
 	if len(env) > 0 {
 		cfg.Env = maps.Clone(env)
