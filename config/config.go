@@ -29,6 +29,17 @@ type Config struct {
 	overridden []FieldError
 }
 
+// UserConfigField is the path of key within the user_config at field, as
+// Line knows it (quoted when no plain name), or field itself when the file
+// does not hold that key at the top level of the user_config.
+func (c *Config) UserConfigField(field, key string) string {
+	k := fieldPath{{key: key}}.String()
+	if _, ok := c.lines[field+"."+k]; ok {
+		return field + "." + k
+	}
+	return field
+}
+
 // Line returns the line of the file on which field (a path such as
 // "applications[0].deployments[1].handler") or its nearest enclosing field
 // is written, or 0 when the config did not come from a file.

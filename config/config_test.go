@@ -372,3 +372,34 @@ func TestNotUTF8(t *testing.T) {
 		t.Fatalf("err = %v, want %q", err, want)
 	}
 }
+
+// A key of a user_config has its own line, for an error about it (an
+// unknown key, found by the handler's factory); one not in the file, or
+// nested deeper, is the user_config's.
+func TestUserConfigField(t *testing.T) {
+	c := mustParse(t, `applications:
+  - name: a
+    route_prefix: /
+    deployments:
+      - name: d
+        handler: static
+        user_config:
+          body: hi
+          Status: 201
+          nested: {inner: 1}
+`)
+	const uc = "applications[0].deployments[0].user_config"
+	for key, want := range map[string]struct {
+		field string
+		line  int
+	}{
+		"Status": {uc + ".Status", 9},
+		"body":   {uc + ".body", 8},
+		"absent": {uc, 7},
+		"inner":  {uc, 7},
+	} {
+		if f := c.UserConfigField(uc, key); f != want.field || c.Line(f) != want.line {
+			t.Errorf("UserConfigField(%q) = %q at line %d, want %q at line %d", key, f, c.Line(f), want.field, want.line)
+		}
+	}
+}

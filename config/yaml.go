@@ -448,6 +448,11 @@ func (d *decoder) json(buf *bytes.Buffer, n ast.Node, p fieldPath, at pos, depth
 			if i > 0 {
 				buf.WriteByte(',')
 			}
+			if depth == 0 {
+				// The handler's own fields: an error about one (an
+				// unknown key) is said at its line (Config.Line).
+				d.positions[p.child(e.key).String()] = e.at
+			}
 			key, _ := json.Marshal(e.key) // a string always marshals
 			buf.Write(key)
 			buf.WriteByte(':')

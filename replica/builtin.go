@@ -239,6 +239,9 @@ func PlainJSONError(err error) error {
 	var te *json.UnmarshalTypeError
 	if !errors.As(err, &te) || te.Type == nil {
 		if msg, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			if k, err := strconv.Unquote(msg); err == nil {
+				return &UnknownFieldError{Field: k}
+			}
 			return errors.New("unknown field " + msg)
 		}
 		return err

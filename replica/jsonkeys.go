@@ -41,12 +41,27 @@ func ExactKeys(raw []byte, v any) error {
 		}
 		for i := range t.NumField() {
 			if name, ok := jsonName(t.Field(i)); ok && strings.EqualFold(name, k) {
-				return fmt.Errorf("unknown field %q: keys are matched exactly, the field is %q", k, name)
+				return &UnknownFieldError{Field: k, Near: name}
 			}
 		}
-		return fmt.Errorf("unknown field %q", k)
+		return &UnknownFieldError{Field: k}
 	}
 	return nil
+}
+
+// UnknownFieldError is a key of a user_config that names no field of the
+// handler's config: the proxy's -check points at the key's own line.
+type UnknownFieldError struct {
+	Field string // the key as written
+	Near  string // the field it differs from in case only, if any
+}
+
+// Error implements error.
+func (e *UnknownFieldError) Error() string {
+	if e.Near != "" {
+		return fmt.Sprintf("unknown field %q: keys are matched exactly, the field is %q", e.Field, e.Near)
+	}
+	return fmt.Sprintf("unknown field %q", e.Field)
 }
 
 // objectKeys returns the keys of the JSON object raw at its top level, in

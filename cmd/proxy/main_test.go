@@ -470,7 +470,8 @@ func TestCheck(t *testing.T) {
 		{file + ":9: applications[0].deployments[0].max_ongoing_requests: ", "must be >= 1"},
 		{file + ":11: applications[1].route_prefix: ", "duplicate route_prefix"},
 		{file + ":14: applications[1].deployments[0].handler: ", `unknown handler "nope"`},
-		{file + ":20: applications[2].deployments[0].user_config: ", `unknown field "bdy"`},
+		// At the key's line, not the user_config's (a tester).
+		{file + ":22: applications[2].deployments[0].user_config.bdy: ", `unknown field "bdy"`},
 	}
 	checkProblems := func(t *testing.T, stderr string) {
 		t.Helper()

@@ -320,7 +320,11 @@ func loadConfig(path string, e config.Env, reg *replica.Registry, taken func(app
 			// Build one handler to validate user_config now rather than
 			// at the first replica; it never serves.
 			if err := f.Check(d.UserConfig); err != nil {
-				found = append(found, fieldError(cfg, path, field+".user_config", err))
+				at := field + ".user_config"
+				if uf, ok := errors.AsType[*replica.UnknownFieldError](err); ok {
+					at = cfg.UserConfigField(at, uf.Field) // the key's own line
+				}
+				found = append(found, fieldError(cfg, path, at, err))
 			}
 		}
 	}

@@ -216,8 +216,13 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 	})
 	if err != nil {
 		if fieldAt != nil {
-			// The factory's refusal is of the user_config: its line.
-			err = fmt.Errorf("%s (deployment %s): %w", fieldAt("user_config"), *deployment, err)
+			// The factory's refusal is of the user_config: its line, or
+			// an unknown key's own.
+			at := "user_config"
+			if uf, ok := errors.AsType[*replica.UnknownFieldError](err); ok {
+				at += "." + uf.Field
+			}
+			err = fmt.Errorf("%s (deployment %s): %w", fieldAt(at), *deployment, err)
 		}
 		fmt.Fprintf(stderr, "replica: %v\n", err)
 		return exitInvalid

@@ -483,7 +483,7 @@ func TestRunFromConfig(t *testing.T) {
 		// With the field's line, as proxy -check says it (found by a
 		// tester).
 		{[]string{"-config", nope, "-deployment", "hi/hi"}, nope + `:8: applications[0].deployments[0].host_handler: unknown handler "nope" (this binary's kinds: echo, sleep, static)`},
-		{[]string{"-config", badConfig, "-deployment", "hi/hi"}, badConfig + `:11: applications[0].deployments[0].user_config (deployment hi/hi): replica host: static: user_config: unknown field "colour"`},
+		{[]string{"-config", badConfig, "-deployment", "hi/hi"}, badConfig + `:11: applications[0].deployments[0].user_config.colour (deployment hi/hi): replica host: static: user_config: unknown field "colour"`},
 	} {
 		var stderr strings.Builder
 		if got := run(context.Background(), tt.args, map[string]string{"PROXY_GC_TUNING": "false"}, io.Discard, &stderr); got != exitInvalid || !strings.Contains(stderr.String(), tt.want) {
