@@ -48,12 +48,27 @@ func (s *ByteSize) UnmarshalText(text []byte) error {
 	return nil
 }
 
+// ByteSizeError is a size that does not parse, and why.
+type ByteSizeError struct {
+	Text     string // as given
+	Reason   string // why it does not parse; "" if nothing more can be said
+	TooLarge bool   // it is a size, larger than an int64 holds
+}
+
+// Error implements error.
+func (e *ByteSizeError) Error() string {
+	if e.Reason == "" {
+		return fmt.Sprintf("invalid byte size %q", e.Text)
+	}
+	return fmt.Sprintf("invalid byte size %q: %s", e.Text, e.Reason)
+}
+
 func parseByteSize(text string) (ByteSize, error) {
 	if text == "" {
-		return 0, fmt.Errorf("invalid byte size %q: empty", text)
+		return 0, &ByteSizeError{Text: text, Reason: "empty"}
 	}
 	if text[0] == '-' {
-		return 0, fmt.Errorf("invalid byte size %q: must not be negative", text)
+		return 0, &ByteSizeError{Text: text, Reason: "must not be negative"}
 	}
 	end := strings.IndexFunc(text, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
 	if end < 0 {
@@ -61,13 +76,13 @@ func parseByteSize(text string) (ByteSize, error) {
 	}
 	num, unit := text[:end], strings.TrimSpace(text[end:])
 	if num == "" || num == "." || strings.Count(num, ".") > 1 {
-		return 0, fmt.Errorf("invalid byte size %q: want a number and an optional unit, such as 512MiB", text)
+		return 0, &ByteSizeError{Text: text, Reason: "want a number and an optional unit, such as 512MiB"}
 	}
 	mult := int64(1)
 	if len(unit) >= 2 && unit[len(unit)-1] == 'b' && unit[0] >= 'A' && unit[0] <= 'Z' {
 		// "Mb" is a megabit wherever it is written so: refused rather
 		// than read as megabytes (all lower case, "mb", is bytes).
-		return 0, fmt.Errorf("invalid byte size %q: %q reads as bits; write %sB or %siB", text, unit, unit[:1], unit[:1])
+		return 0, &ByteSizeError{Text: text, Reason: fmt.Sprintf("%q reads as bits; write %sB or %siB", unit, unit[:1], unit[:1])}
 	}
 	if unit != "" {
 		i := -1
@@ -77,7 +92,7 @@ func parseByteSize(text string) (ByteSize, error) {
 			}
 		}
 		if i < 0 {
-			return 0, fmt.Errorf("invalid byte size %q: unknown unit %q (want B, KB, MB, GB, KiB, MiB or GiB)", text, unit)
+			return 0, &ByteSizeError{Text: text, Reason: fmt.Sprintf("unknown unit %q (want B, KB, MB, GB, KiB, MiB or GiB)", unit)}
 		}
 		mult = byteUnits[i].size
 	}
@@ -85,14 +100,14 @@ func parseByteSize(text string) (ByteSize, error) {
 	// Exact arithmetic: 1.5GiB is 1610612736 bytes, not a rounding of it.
 	r, ok := new(big.Rat).SetString(num)
 	if !ok {
-		return 0, fmt.Errorf("invalid byte size %q", text)
+		return 0, &ByteSizeError{Text: text}
 	}
 	r.Mul(r, new(big.Rat).SetInt64(mult))
 	if !r.IsInt() {
-		return 0, fmt.Errorf("invalid byte size %q: not a whole number of bytes", text)
+		return 0, &ByteSizeError{Text: text, Reason: "not a whole number of bytes"}
 	}
 	if !r.Num().IsInt64() {
-		return 0, fmt.Errorf("invalid byte size %q: larger than %d bytes", text, int64(math.MaxInt64))
+		return 0, &ByteSizeError{Text: text, Reason: fmt.Sprintf("larger than %d bytes", int64(math.MaxInt64)), TooLarge: true}
 	}
 	return ByteSize(r.Num().Int64()), nil
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -70,7 +71,8 @@ func (m *MemoryLimit) UnmarshalText(text []byte) error {
 	}
 	var b ByteSize
 	err := b.UnmarshalText([]byte(s))
-	if err != nil && strings.Contains(err.Error(), "larger than") {
+	bad, _ := errors.AsType[*ByteSizeError](err)
+	if bad != nil && bad.TooLarge {
 		return fmt.Errorf("memory limit %q is too large: at most %d bytes", s, int64(math.MaxInt64))
 	}
 	if err == nil && b == 0 {
@@ -83,9 +85,8 @@ func (m *MemoryLimit) UnmarshalText(text []byte) error {
 	if err != nil {
 		// The size's own reason (a unit unknown, or read as bits), then
 		// what else the limit takes.
-		why := err.Error()
-		if _, after, ok := strings.Cut(why, fmt.Sprintf("%q: ", s)); ok {
-			return fmt.Errorf("invalid memory limit %q: %s (or a ratio such as 0.9, or none)", s, after)
+		if bad != nil && bad.Reason != "" {
+			return fmt.Errorf("invalid memory limit %q: %s (or a ratio such as 0.9, or none)", s, bad.Reason)
 		}
 		return fmt.Errorf("invalid memory limit %q (want a size with a unit such as 512MiB, a ratio such as 0.9, or none)", s)
 	}

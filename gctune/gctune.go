@@ -96,11 +96,15 @@ func (t *Tuner) apply(e config.Env, environ map[string]string) error {
 			// 32 bits too.
 			return fmt.Errorf("GOGC=%s: must be an integer percentage of at most %d, or off (Go ignores any other value and uses 100)", v, math.MaxInt32)
 		}
-		if n <= 0 {
-			// The runtime takes 0 (and below) as a collection after
-			// every allocation's worth of growth: never what was meant,
-			// and PROXY_GC_PERCENT refuses it.
+		switch {
+		case n == 0:
+			// The runtime takes it for a collection at every bit of
+			// growth: never what was meant, and PROXY_GC_PERCENT
+			// refuses it.
 			return fmt.Errorf("GOGC=%s: the collector would run without pause; set a percentage from 1 to %d, or off", v, math.MaxInt32)
+		case n < 0:
+			// The runtime reads it as off, which only off should say.
+			return fmt.Errorf("GOGC=%s: Go reads a negative GOGC as off: write off, or a percentage from 1 to %d", v, math.MaxInt32)
 		}
 	}
 

@@ -159,9 +159,9 @@ func TestApplyBadGOGC(t *testing.T) {
 	}
 	// 0 is read by the runtime, as a collector that never pauses: refused
 	// as PROXY_GC_PERCENT=0 is (a tester found it taken in silence).
-	for _, v := range []string{"0", "-1"} {
-		if _, err := apply(t, map[string]string{"GOGC": v}, 4*gib, nil); err == nil || !strings.Contains(err.Error(), "GOGC="+v+": the collector would run without pause") {
-			t.Errorf("GOGC=%s: err = %v, want it refused", v, err)
+	for v, want := range map[string]string{"0": "the collector would run without pause", "-1": "Go reads a negative GOGC as off: write off"} {
+		if _, err := apply(t, map[string]string{"GOGC": v}, 4*gib, nil); err == nil || !strings.Contains(err.Error(), "GOGC="+v+": "+want) {
+			t.Errorf("GOGC=%s: err = %v, want it refused saying %q", v, err, want)
 		}
 	}
 	for _, v := range []string{"off", "200", "2147483647"} {

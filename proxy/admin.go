@@ -69,8 +69,11 @@ func (p *Proxy) flushRefusals(stopping bool) {
 	l := &p.refusals
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if stopping && l.timer != nil && !l.timer.Stop() {
-		return // its func is running, and writes the line
+	if stopping && l.timer != nil {
+		// Written here whether or not the timer's func has begun: one
+		// waiting for the lock finds nothing pending, where one left to
+		// write the line could do so after the log is closed.
+		l.timer.Stop()
 	}
 	l.timer = nil
 	if l.pending > 0 {

@@ -245,3 +245,32 @@ func TestAdminMethodNotAllowed(t *testing.T) {
 		t.Errorf("GET /-/nope = %d %s", resp.StatusCode, body)
 	}
 }
+
+// Refusals not told yet when the proxy closes are told then, before its
+// log is closed, whether or not the timer that was to tell them has begun
+// (found by review: a timer waiting for the lock was left to write after
+// Close).
+func TestAdminRefusalsToldAtClose(t *testing.T) {
+	logs := &syncBuffer{}
+	tp := startProxy(t, Options{GC: newTuner(t), AdminToken: "s3cret", Log: zerolog.New(logs)}, testDeployment{app: "a", prefix: "/", factory: static("hi")})
+	for range 3 {
+		if code, _ := put(t, tp.adminURL+"/-/gc", `{"percent": 300}`, "guess"); code != http.StatusUnauthorized {
+			t.Fatalf("PUT with a wrong token = %d, want 401", code)
+		}
+	}
+	if err := tp.stop(); err != nil {
+		t.Fatal(err)
+	}
+	refused := 0
+	for l := range strings.Lines(logs.String()) {
+		var line struct {
+			Refused int `json:"refused"`
+		}
+		if strings.Contains(l, "admin call refused") && json.Unmarshal([]byte(l), &line) == nil {
+			refused += line.Refused
+		}
+	}
+	if refused != 3 {
+		t.Errorf("%d refusals told by the time the proxy stopped, want 3:\n%s", refused, logs.String())
+	}
+}

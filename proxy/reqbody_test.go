@@ -300,6 +300,21 @@ func TestUnreadBodyWaitIsRecorded(t *testing.T) {
 		}
 		return len(lines) == 5
 	})
+	// The replica's own latency is its work: done before the body came
+	// (found by review).
+	_, metrics := get(t, tp.adminURL+"/metrics")
+	var within, count string
+	for l := range strings.Lines(metrics) {
+		if strings.HasPrefix(l, `serve_deployment_processing_latency_ms_bucket{application="static"`) && strings.Contains(l, `le="200"`) {
+			within = strings.Fields(l)[1]
+		}
+		if strings.HasPrefix(l, `serve_deployment_processing_latency_ms_count{application="static"`) {
+			count = strings.Fields(l)[1]
+		}
+	}
+	if count == "" || within != count {
+		t.Errorf("the static replica's latencies: %s of %s within 200 ms, want all: its wait for the body counted", within, count)
+	}
 	for _, path := range []string{"/static", "/nope"} {
 		if l := lines["slow"+path]; l["latency_ms"].(float64) < 250 {
 			t.Errorf("%s, its body whole after 300 ms: latency_ms %v, want the wait in it: %v", path, l["latency_ms"], l)

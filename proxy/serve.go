@@ -48,8 +48,10 @@ type result struct {
 	replica replica.Handle
 	status  int
 	// replicaStart is when the replica began the request (zero if it never
-	// did); end is when the request was done.
+	// did), replicaEnd when it was done with it; end is when the request
+	// was done (later, for a body read after its answer was ready).
 	replicaStart time.Time
+	replicaEnd   time.Time
 	end          time.Time
 	// switchedAt is when a handler took the connection over (a
 	// WebSocket's handshake done); zero if none did.
@@ -142,6 +144,8 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	aborted := func() bool {
 		return res.abort || (res.status == StatusClientClosedRequest || res.cut) && !sw.wroteHeader
 	}
+	res.end = time.Now()
+	res.replicaEnd = res.end
 	if !aborted() {
 		if sw.fullDuplex && !sw.wroteHeader {
 			// net/http's implicit 200, made explicit to go through
@@ -150,15 +154,20 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 		}
 		// The answer is ready, but goes out only once the rest of the
 		// body is read: the request is recorded after that, with the
-		// wait in its latency, and as a 499 if its client left meanwhile.
-		if sw.switchedAt.IsZero() {
+		// wait in its latency (not its replica's, done by then), and as
+		// a 499 if its client left meanwhile (a 503 if the proxy cut
+		// it, at the shutdown).
+		if sw.switchedAt.IsZero() && sw.reqBody != nil {
 			if err := sw.settleBody(true); err != nil {
 				res.status, res.err, res.abort = StatusClientClosedRequest, err, true
+				if p.cut.Load() {
+					res.status, res.cut, res.err = http.StatusServiceUnavailable, true, errCutAtShutdown
+				}
 				sw.sent = 0 // still in net/http's buffer, dropped with the connection
 			}
+			res.end = time.Now()
 		}
 	}
-	res.end = time.Now()
 	res.switchedAt = sw.switchedAt
 	if r.Method != http.MethodHead {
 		res.bytes = sw.sent // net/http drops a HEAD's body: nothing was sent
@@ -504,7 +513,7 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 	if res.replica != nil {
 		replicaID = res.replica.ID()
 		ro := rs.metrics.replicas.get(replicaID)
-		end := res.end
+		end := res.replicaEnd
 		if !res.switchedAt.IsZero() {
 			// A WebSocket's processing is its handshake: its length
 			// would swamp the histogram, which has no status label to

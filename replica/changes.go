@@ -325,7 +325,7 @@ func SplitConfigRefused(err error) (refused []*ConfigRefusedError, rest error) {
 	}
 	var others []error
 	for _, e := range errs {
-		if r, ok := e.(*ConfigRefusedError); ok {
+		if r, ok := errors.AsType[*ConfigRefusedError](e); ok {
 			refused = append(refused, r)
 		} else {
 			others = append(others, e)

@@ -247,9 +247,10 @@ type Deployment struct {
 
 // NewDeployment builds the deployment's replicas: spec.NumReplicas from
 // spec.Factory or spec.Start, or one per spec.Targets with spec.Connect.
-// They take requests once Start is called. A Factory or Connect error
-// fails it (a bad config); a Start error does not: the replicas that
-// started serve, and the others are retried with backoff. ctx bounds
+// They take requests once Start is called. A Connect error fails it (a
+// target that cannot be reached); a Factory or Start error does not: the
+// replicas that were built or started serve, and the others are retried
+// with backoff, up to MaxConstructorRetryCount. ctx bounds
 // these first starts (a shutdown asked for during them): once it is done,
 // NewDeployment stops what it built and returns ctx's error. The
 // deployment itself lives until Stop.
@@ -484,18 +485,10 @@ type ReplicaStatus struct {
 	Unsynced bool `json:"waiting_for_user_config,omitempty"`
 }
 
-// slotCounts is a replica's slots, as the proxy holds them.
-type slotCounts interface {
-	Ongoing() int
-	MaxOngoing() int
-	Peak() int
-	Served() uint64
-}
-
 var (
-	_ slotCounts = (*Local)(nil)
-	_ slotCounts = (*hostReplica)(nil)
-	_ slotCounts = (*Upstream)(nil)
+	_ counted = (*Local)(nil)
+	_ counted = (*hostReplica)(nil)
+	_ counted = (*Upstream)(nil)
 )
 
 // Stats broadcasts MethodStats to every replica, the draining ones
@@ -534,8 +527,8 @@ func (d *Deployment) Stats(ctx context.Context) []ReplicaStatus {
 			// state, and the slots it holds for the replica.
 			if rep := byID[s.ID]; rep != nil {
 				s.State = rep.State()
-				if c, ok := rep.(slotCounts); ok {
-					s.Ongoing, s.MaxOngoing, s.Peak, s.Served = c.Ongoing(), c.MaxOngoing(), c.Peak(), c.Served()
+				if c, ok := rep.(counted); ok {
+					s.Stats = statsOf(c)
 				}
 			}
 		}

@@ -75,13 +75,14 @@ func (f Factory) build(userConfig json.RawMessage) (h Handler, err error) {
 	return h, err
 }
 
-// isNil reports whether h is nil, or holds a nil pointer, func or map.
+// isNil reports whether h is nil, or holds a nil pointer or func (a nil
+// map or slice may well serve, with methods on its nil value).
 func isNil(h Handler) bool {
 	if h == nil {
 		return true
 	}
 	switch v := reflect.ValueOf(h); v.Kind() {
-	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Chan, reflect.Slice, reflect.Interface:
+	case reflect.Pointer, reflect.Func:
 		return v.IsNil()
 	}
 	return false

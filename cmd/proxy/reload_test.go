@@ -625,4 +625,22 @@ func TestReloadHostRefusingTheUserConfig(t *testing.T) {
 	if status != http.StatusMultiStatus || len(res.Partial) != 1 || !strings.Contains(res.Partial[0], "target "+bad.addr+": 2 of its 2 replicas did not take the deployment's user_config") {
 		t.Errorf("reload adding a host whose actors refuse the user_config: %d %+v, want 207 naming it", status, res)
 	}
+
+	// With a host that cannot be reached beside another that refuses:
+	// each said where it belongs (found by review: both were failed).
+	bad2 := startReplicaHost(t, "-handler", "echo", "-replicas", "1")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String() // nothing listens there once closed
+	l.Close()
+	if err := os.WriteFile(path, []byte(file(`"`+good.addr+`", "`+bad.addr+`", "`+bad2.addr+`", "`+dead+`"`)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	status, res = postReload(t, c, p)
+	if len(res.Partial) != 1 || !strings.Contains(res.Partial[0], "target "+bad2.addr+": 1 of its 1 replicas") || strings.Contains(res.Partial[0], "replica host "+dead) ||
+		len(res.Failed) != 1 || !strings.Contains(res.Failed[0], "replica host "+dead) || strings.Contains(res.Failed[0], "target "+bad2.addr) {
+		t.Errorf("reload adding a host that refuses and one that cannot be reached: %d %+v, want the first in partial, the second in failed", status, res)
+	}
 }

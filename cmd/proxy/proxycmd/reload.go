@@ -183,15 +183,24 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 			untaken *untakenError
 			refused *refusedTargetsError
 		)
+		errors.As(err, &refused)
 		switch {
 		case errors.As(err, &pending):
 			res.Applied = append(res.Applied, fmt.Sprintf("%s (some replicas not started yet, retried in the background: %v)", c.what, pending.err))
 			continue
-		case errors.As(err, &untaken), errors.As(err, &refused):
+		case errors.As(err, &untaken), refused != nil && refused.rest == nil:
 			// Made, and recorded: the replicas that missed the
 			// user_config get it again at each health check.
 			res.Applied = append(res.Applied, fmt.Sprintf("%s (%v)", c.what, err))
 			res.Partial = append(res.Partial, fmt.Sprintf("%s: %v", c.what, err))
+			c.applied()
+			continue
+		case refused != nil:
+			// Some targets not connected, others connected whose
+			// replicas refused the user_config: each where it belongs.
+			res.Partial = append(res.Partial, fmt.Sprintf("%s: %v", c.what, refused))
+			res.Failed = append(res.Failed, fmt.Sprintf("%s: %v", c.what, refused.rest))
+			res.Applied = append(res.Applied, c.what+" (all but the targets that failed)")
 			c.applied()
 			continue
 		case err != nil:
@@ -223,9 +232,14 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 }
 
 // refusedTargetsError is a list of targets made whose new targets'
-// replicas, connected, did not all take the user_config.
-type refusedTargetsError struct{ refused []*replica.ConfigRefusedError }
+// replicas, connected, did not all take the user_config; rest is the
+// error of the targets that could not be connected to, if any.
+type refusedTargetsError struct {
+	refused []*replica.ConfigRefusedError
+	rest    error
+}
 
+// Error implements error: the refusals (rest is said apart).
 func (e *refusedTargetsError) Error() string {
 	msgs := make([]string, len(e.refused))
 	for i, r := range e.refused {
@@ -428,8 +442,8 @@ func (rl *reloader) deploymentChanges(next *config.Config, i, j int, nd config.D
 		out = append(out, change{dep: dep, what: fmt.Sprintf("%s: %s %v", name, field, list),
 			apply: func(_ context.Context, d *proxy.Deployment) error {
 				err := d.SetTargets(list)
-				if refused, rest := replica.SplitConfigRefused(err); rest == nil && len(refused) > 0 {
-					return &refusedTargetsError{refused}
+				if refused, rest := replica.SplitConfigRefused(err); len(refused) > 0 {
+					return &refusedTargetsError{refused: refused, rest: rest}
 				}
 				return err
 			},

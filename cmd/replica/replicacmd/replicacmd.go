@@ -141,7 +141,7 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 			return exitInvalid
 		}
 	}
-	var fieldAt func(field string) string // in the file, with -config
+	var fieldAt func(field string, key ...string) string // in the file, with -config
 	if *configPath != "" || *deployment != "" {
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -218,11 +218,11 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 		if fieldAt != nil {
 			// The factory's refusal is of the user_config: its line, or
 			// an unknown key's own.
-			at := "user_config"
+			at := fieldAt("user_config")
 			if uf, ok := errors.AsType[*replica.UnknownFieldError](err); ok {
-				at += "." + uf.Field
+				at = fieldAt("user_config", uf.Field)
 			}
-			err = fmt.Errorf("%s (deployment %s): %w", fieldAt(at), *deployment, err)
+			err = fmt.Errorf("%s (deployment %s): %w", at, *deployment, err)
 		}
 		fmt.Fprintf(stderr, "replica: %v\n", err)
 		return exitInvalid
@@ -333,7 +333,7 @@ func isLoopback(a net.Addr) bool {
 // which must say what its hosts run (handler: host, host_handler). set
 // holds the flags given: those the file gives too are an error, so that
 // nothing is silently overridden.
-func fromConfig(path, appDep string, set map[string]bool) (config.Deployment, func(field string) string, error) {
+func fromConfig(path, appDep string, set map[string]bool) (config.Deployment, func(field string, key ...string) string, error) {
 	if path == "" || appDep == "" {
 		return config.Deployment{}, nil, errors.New("-config and -deployment go together")
 	}
@@ -362,9 +362,13 @@ func fromConfig(path, appDep string, set map[string]bool) (config.Deployment, fu
 				return config.Deployment{}, nil, fmt.Errorf("-deployment %s: in %s it is not handler: host with a host_handler (what the hosts run)", appDep, path)
 			}
 			// Where a field of the deployment is, as proxy -check says it
-			// (its errors had no line, found by a tester).
-			where := func(field string) string {
+			// (its errors had no line, found by a tester); with a key, the
+			// user_config key's own place, when field is user_config.
+			where := func(field string, key ...string) string {
 				f := fmt.Sprintf("applications[%d].deployments[%d].%s", ai, di, field)
+				if len(key) > 0 {
+					f = cfg.UserConfigField(f, key[0])
+				}
 				return config.FieldError{File: path, Line: cfg.Line(f), Field: f}.Error()
 			}
 			return d, where, nil
