@@ -269,24 +269,21 @@ func (d *Deployment) SetTargets(targets []string) error {
 	// take seconds: unless none routable would be left meanwhile (a list
 	// or a DNS answer replaced whole, as when a Kubernetes pod is
 	// replaced between two refreshes), which would fail every request
-	// until the new ones are in. Then they leave once the new ones are
-	// connected: make before break.
-	left := 0
-	for _, r := range d.replicas {
-		if want[d.targets[r]] && !d.excluded[r] {
-			left++
-		}
-	}
-	afterConnect := left == 0 && len(fresh) > 0 && len(gone) > 0
-	if !afterConnect {
+	// until the new ones are in. Then they leave once one of the new
+	// ones is in routing (connected, and past its first health check),
+	// make before break: here if one is once connected, else when one
+	// passes a health check, or at a later list that has one. A list
+	// with no targets at all is meant: every replica leaves.
+	keep := len(want) > 0 && len(gone) > 0 && d.routableWantedLocked() == 0
+	if !keep {
 		d.retireGoneLocked(gone, "")
 	}
 	d.mu.Unlock()
 
 	errs, refused := d.connectTargets(fresh)
 	d.mu.Lock()
-	if afterConnect {
-		d.retireGoneLocked(gone, " (kept until the new targets were connected)")
+	if keep {
+		d.retireUnwantedLocked()
 	}
 	d.unconnected = nil
 	for i, err := range errs {
@@ -337,6 +334,36 @@ func SplitConfigRefused(err error) (refused []*ConfigRefusedError, rest error) {
 // Error implements error.
 func (e *ConfigRefusedError) Error() string {
 	return fmt.Sprintf("target %s: %d of its %d replicas did not take the deployment's user_config: out of routing until they do (given it again at each health check)", e.Target, e.Refused, e.Of)
+}
+
+// routableWantedLocked counts the replicas in routing whose targets are
+// in the list. d.mu must be held.
+func (d *Deployment) routableWantedLocked() int {
+	n := 0
+	for _, r := range d.replicas {
+		if d.want[d.targets[r]] && r.State() == StateRunning && !d.excluded[r] {
+			n++
+		}
+	}
+	return n
+}
+
+// retireUnwantedLocked takes out of routing, to drain, the replicas of
+// targets no longer in the list that were kept serving while none of the
+// list's was in routing (see SetTargets), once one is. d.mu must be held.
+func (d *Deployment) retireUnwantedLocked() {
+	if d.spec.Connect == nil || d.routableWantedLocked() == 0 {
+		return
+	}
+	var gone []Replica
+	for _, r := range d.replicas {
+		if !d.want[d.targets[r]] {
+			gone = append(gone, r)
+		}
+	}
+	if len(gone) > 0 {
+		d.retireGoneLocked(gone, " (kept until a listed target's replica was in routing)")
+	}
 }
 
 // retireGoneLocked takes out of routing the replicas of targets no longer

@@ -140,6 +140,7 @@ func (d *Deployment) recordHealth(r Replica, err error, started time.Time) {
 			delete(d.excluded, r)
 			d.publishLocked()
 			log.Info().Msg("replica healthy: back in routing")
+			d.retireUnwantedLocked() // those kept until a listed one was in
 		}
 		return
 	}

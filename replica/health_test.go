@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -193,5 +194,66 @@ func TestJoiningTargetThatHangsIsBounded(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "no answer to its health check on joining within 5s") {
 		t.Errorf("the log does not say the check went unanswered: %s", logs.String())
+	}
+}
+
+// A list replaced whole by one whose target fails its first check keeps
+// the old replica serving, make before break, until the new one passes
+// (a tester: the last working upstream was drained for one that refused
+// connections, and every request got 503). An empty list still empties.
+func TestReplacedListKeepsTheOldUntilTheNewServes(t *testing.T) {
+	leakCheck(t)
+	var newStatus atomic.Int32
+	newStatus.Store(http.StatusServiceUnavailable)
+	old := newBackend(t, func(w http.ResponseWriter, r *http.Request) {})
+	next := newBackend(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(newStatus.Load())) })
+	spec := DeploymentSpec{App: "app", Name: "dep", Targets: []string{old.URL}, MaxOngoingRequests: 1,
+		HealthCheckPeriod: time.Hour, HealthCheckTimeout: 5 * time.Second, GracefulShutdownTimeout: time.Second,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			r, err := NewUpstreamReplica(id, target, UpstreamOptions{MaxOngoing: 1, OnRelease: onRelease})
+			return []Replica{r}, err
+		}}
+	d, err := NewDeployment(context.Background(), spec, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	routed := func() []string { // d.mu held
+		var ts []string
+		for _, r := range d.replicas {
+			if r.State() == StateRunning && !d.excluded[r] {
+				ts = append(ts, d.targets[r])
+			}
+		}
+		return ts
+	}
+	if err := d.SetTargets([]string{next.URL}); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	got := routed()
+	d.mu.Unlock()
+	if !slices.Equal(got, []string{old.URL}) {
+		t.Fatalf("in routing %v after the list was replaced by a target failing its check, want the old one kept", got)
+	}
+	if err := d.SetTargets([]string{next.URL}); err != nil { // a refresh, the new one still failing
+		t.Fatal(err)
+	}
+	if n := d.Running(); n != 1 {
+		t.Fatalf("%d in routing after a refresh, want the old one still", n)
+	}
+	newStatus.Store(http.StatusOK)
+	d.CheckHealthNow()
+	eventually(t, "the new one in, the old one out", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return slices.Equal(routed(), []string{next.URL})
+	})
+	if err := d.SetTargets(nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := d.Running(); n != 0 {
+		t.Errorf("%d in routing after an empty list, want none", n)
 	}
 }
