@@ -250,9 +250,15 @@ func (d *Discovery) url(ip netip.Addr, port uint16) string {
 }
 
 // error names the target and the server asked: with a server of its own,
-// Go's resolver still names the system's in its errors.
+// Go's resolver still names the system's in its errors, which is taken
+// out of them (a tester read "on 10.255.255.53:53" and looked there).
 func (d *Discovery) error(err error) error {
 	if d.server != "" {
+		if de, ok := errors.AsType[*net.DNSError](err); ok && error(de) == err && de.Server != "" {
+			e := *de
+			e.Server = ""
+			err = &e
+		}
 		return fmt.Errorf("discovery %s (DNS server %s): %w", d.target, d.server, err)
 	}
 	return fmt.Errorf("discovery %s: %w", d.target, err)
