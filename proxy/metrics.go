@@ -382,6 +382,12 @@ var (
 	unconnectedDesc = prometheus.NewDesc("serve_deployment_unconnected_targets",
 		"The upstreams or replica hosts the deployment's list or DNS discovery names that it could not connect to (tried again at each health check; GET /-/applications lists them as unconnected_targets); 0 for a deployment in process.",
 		[]string{"application", "deployment"}, nil)
+	// discoveryFailingDesc is what a stale replica set cannot show: the
+	// last one found is kept while DNS fails, and looks healthy (a
+	// tester could alert on nothing).
+	discoveryFailingDesc = prometheus.NewDesc("serve_deployment_discovery_failing",
+		"1 while the deployment's DNS discovery fails (the last replicas it found kept; GET /-/applications has discovery_error), else 0.",
+		[]string{"application", "deployment"}, nil)
 )
 
 // Describe implements prometheus.Collector.
@@ -392,6 +398,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- healthyDesc
 	ch <- healthyReplicasDesc
 	ch <- unconnectedDesc
+	ch <- discoveryFailingDesc
 	ch <- startsDesc
 }
 
@@ -428,6 +435,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(healthyReplicasDesc, prometheus.GaugeValue, float64(n), app, name)
 		ch <- prometheus.MustNewConstMetric(unconnectedDesc, prometheus.GaugeValue, float64(len(d.Unconnected())), app, name)
+		failing := 0.0
+		if d.DiscoveryError() != "" {
+			failing = 1
+		}
+		ch <- prometheus.MustNewConstMetric(discoveryFailingDesc, prometheus.GaugeValue, failing, app, name)
 		ch <- prometheus.MustNewConstMetric(startsDesc, prometheus.CounterValue, float64(d.Starts()), app, name)
 	}
 }

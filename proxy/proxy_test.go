@@ -683,12 +683,20 @@ func TestMetricsPresent(t *testing.T) {
 		`serve_replica_peak_processing_queries{application="a",deployment="a-dep",replica="` + rid + `"} 1`,
 		`serve_deployment_healthy_replicas{application="a",deployment="a-dep"} 1`,
 		`serve_proxy_access_log_dropped_total 0`,
+		`serve_proxy_admin_calls_refused_total 0`,
+		`serve_deployment_discovery_failing{application="a",deployment="a-dep"} 0`,
 		`go_gc_duration_seconds`,
 		`process_resident_memory_bytes`,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+	// A failing discovery shows (a tester found /metrics looked healthy
+	// while the replica set was kept from the last answer).
+	dep.SetDiscoveryError(errors.New("lookup failed"))
+	if _, m := get(t, tp.adminURL+"/metrics"); !strings.Contains(m, `serve_deployment_discovery_failing{application="a",deployment="a-dep"} 1`) {
+		t.Error("serve_deployment_discovery_failing is not 1 while discovery fails")
 	}
 }
 
