@@ -254,6 +254,20 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 	discovers("discovery_server", d.DiscoveryServer != "")
 	// (A zero is reported as out of range already, not as misplaced.)
 	discovers("discovery_interval_s", v.wrote(p.child("discovery_interval_s"), d.DiscoveryIntervalS != defaultDiscoveryIntervalS && d.DiscoveryIntervalS != 0))
+	if d.Discovery == "" && (d.Handler == HandlerUpstream || d.Handler == HandlerHost) {
+		// Of a static list, nothing is resolved: set, they would be
+		// ignored in silence (a tester).
+		list := "hosts"
+		if d.Handler == HandlerUpstream {
+			list = "upstreams"
+		}
+		if d.DiscoveryServer != "" {
+			v.report(p.child("discovery_server"), "applies only with discovery (a static %s list is not resolved)", list)
+		}
+		if v.wrote(p.child("discovery_interval_s"), d.DiscoveryIntervalS != defaultDiscoveryIntervalS && d.DiscoveryIntervalS != 0) {
+			v.report(p.child("discovery_interval_s"), "applies only with discovery (a static %s list is not resolved)", list)
+		}
+	}
 	only("command", HandlerCommand, d.Command != nil)
 	only("env", HandlerCommand, d.Env != nil)
 	only("working_dir", HandlerCommand, d.WorkingDir != "")
@@ -466,6 +480,12 @@ func discoveryProblem(s string) string {
 	u, err := url.Parse(s)
 	if err != nil {
 		return `must be dns://name:port or dns+srv://_service._tcp.name`
+	}
+	if (u.Scheme == "dns" || u.Scheme == "dns+srv") && (u.Opaque != "" || u.Host == "" && strings.HasPrefix(u.Path, "/")) {
+		// dns:name:port and dns:///name:port: the name is not where
+		// two slashes put it, whatever the port (a tester was told of
+		// the port).
+		return fmt.Sprintf(`must be %s://name..., the name right after the two slashes`, u.Scheme)
 	}
 	switch u.Scheme {
 	case "dns":

@@ -305,7 +305,7 @@ func (d *Discovery) Run(ctx context.Context) {
 		case err != nil:
 			failures++
 			if failures == 1 || time.Since(failLoggedAt) >= failureLogEvery {
-				d.opts.Log.Warn().Err(err).Str("discovery", d.target).Int("replicas_kept", len(last)).
+				d.opts.Log.Warn().Err(err).Str("discovery", d.target).Int("targets_kept", len(last)).
 					Int("failures", failures).Msg("DNS discovery failed; keeping the last known replicas")
 				failLoggedAt = time.Now()
 			}
