@@ -158,11 +158,12 @@ type Deployment struct {
 
 	// mu guards every field below.
 	mu       sync.Mutex
-	spec     DeploymentSpec  // NumReplicas and UserConfig change live
-	replicas []Replica       // in routing order; the running ones take requests
-	retired  []Replica       // taken out of routing, finishing their requests
-	issued   map[string]bool // the ids newID gave that a replica may still have: never two at once
-	failures map[Replica]int // consecutive failed health checks
+	spec     DeploymentSpec   // NumReplicas and UserConfig change live
+	replicas []Replica        // in routing order; the running ones take requests
+	retired  []Replica        // taken out of routing, finishing their requests
+	issued   map[string]bool  // the ids newID gave that a replica may still have: never two at once
+	failures map[Replica]int  // consecutive failed health checks
+	checking map[Replica]bool // whose health check is in flight (see checkHealth)
 	// failLogged is, for a replica failing its health checks past
 	// unhealthyAfter, when its last failure was logged and its
 	// consecutive failures then (see logHealthFailureLocked).
@@ -264,6 +265,7 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 		failures:      make(map[Replica]int),
 		failLogged:    make(map[Replica]failLog),
 		excluded:      make(map[Replica]bool),
+		checking:      make(map[Replica]bool),
 		unreachableAt: make(map[Replica]time.Time),
 		targets:       make(map[Replica]string),
 		want:          make(map[string]bool, len(spec.Targets)),

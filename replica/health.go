@@ -24,13 +24,26 @@ func (d *Deployment) healthLoop(ctx context.Context) {
 			t.Reset(time.Duration(d.healthPeriod.Load()))
 		case <-t.C:
 			d.startRepair(ctx)
-			d.checkHealth(ctx)
+			d.goCheckHealth(ctx)
 			d.kick() // and retry starts that failed
 		case <-d.checkNow:
 			d.startRepair(ctx)
-			d.checkHealth(ctx)
+			d.goCheckHealth(ctx)
 		}
 	}
+}
+
+// goCheckHealth runs a round of checkHealth on a goroutine of its own: a
+// replica whose check takes until health_check_timeout_s (one that hangs)
+// holds up no other's, in its round or the next ones (a tester: a replica
+// back from a restart waited 57 s for its check, with a period of 3 s,
+// beside one that hung, as each round waited for its slowest).
+func (d *Deployment) goCheckHealth(ctx context.Context) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.checkHealth(ctx)
+	}()
 }
 
 // SetHealthChecks changes the deployment's health_check_period_s and
@@ -72,22 +85,23 @@ func (d *Deployment) CheckHealthNow() {
 }
 
 // checkHealth runs one round of health checks: one broadcast of
-// MethodCheckHealth to the running replicas, bounded by
-// health_check_timeout_s, which the next round waits for (as Serve's
-// checks do): a hung replica is out after unhealthyAfter timeouts. A
-// replica that fails unhealthyAfter times in a row is taken out of
-// routing (topUp replaces it). A check that has not answered by the
-// deadline is a failure; one still running at the next round (a handler
-// that ignores its context) fails at once (ErrCheckInFlight) rather than
-// being started again.
+// MethodCheckHealth to the running replicas whose check of an earlier
+// round is not in flight, bounded by health_check_timeout_s, each answer
+// counted as it comes: a hung replica is out after unhealthyAfter
+// timeouts, and holds up no other's count. A replica that fails
+// unhealthyAfter times in a row is taken out of routing (topUp replaces
+// it). A check that has not answered by the deadline is a failure; one
+// still running at the next round (a handler that ignores its context)
+// fails at once (ErrCheckInFlight) rather than being started again.
 func (d *Deployment) checkHealth(ctx context.Context) {
 	d.mu.Lock()
 	var targets []Replica
 	for _, l := range d.replicas {
 		// One still to be given the user_config stays out of routing,
 		// which a passing check would end.
-		if l.State() == StateRunning && !d.unsync[l] {
+		if l.State() == StateRunning && !d.unsync[l] && !d.checking[l] {
 			targets = append(targets, l)
+			d.checking[l] = true
 		}
 	}
 	pool := d.pool
@@ -95,21 +109,27 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 	if len(targets) == 0 {
 		return
 	}
+	ids := make([]string, len(targets))
+	for i, r := range targets {
+		ids[i] = r.ID()
+	}
 	started := time.Now()
 	timeout := time.Duration(d.healthTimeout.Load())
 	cctx, cancel := context.WithTimeout(ctx, timeout)
-	results := d.broadcastTo(cctx, Call{Method: MethodCheckHealth}, pool, targets)
-	cancel()
-	if ctx.Err() != nil {
-		return // stopping: a cancelled check is no verdict
-	}
-	for i, r := range results {
+	defer cancel()
+	pool.broadcastEach(cctx, Call{Method: MethodCheckHealth}, func(i int, r Result) {
+		d.mu.Lock()
+		delete(d.checking, targets[i])
+		d.mu.Unlock()
+		if ctx.Err() != nil {
+			return // stopping: a cancelled check is no verdict
+		}
 		err := r.Err
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("no answer within health_check_timeout_s (%v): %w", timeout, err)
 		}
 		d.recordHealth(targets[i], err, started)
-	}
+	}, ids...)
 }
 
 // recordHealth counts the result of a check begun at started. The

@@ -257,3 +257,42 @@ func TestReplacedListKeepsTheOldUntilTheNewServes(t *testing.T) {
 		t.Errorf("%d in routing after an empty list, want none", n)
 	}
 }
+
+// A replica whose check hangs until health_check_timeout_s holds up no
+// other's checks: the others are counted as they answer, each period (a
+// tester: one back from a restart waited 57 s, with a period of 3 s and
+// a timeout of 30, beside one that hung).
+func TestHungCheckHoldsUpNoOther(t *testing.T) {
+	leakCheck(t)
+	var hang atomic.Bool
+	var bStatus atomic.Int32
+	bStatus.Store(http.StatusOK)
+	release := make(chan struct{})
+	a := newBackend(t, func(w http.ResponseWriter, r *http.Request) {
+		if hang.Load() {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+	})
+	b := newBackend(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(bStatus.Load())) })
+	t.Cleanup(func() { close(release) })
+	spec := DeploymentSpec{App: "app", Name: "dep", Targets: []string{a.URL, b.URL}, MaxOngoingRequests: 1,
+		HealthCheckPeriod: 50 * time.Millisecond, HealthCheckTimeout: time.Minute, GracefulShutdownTimeout: time.Second,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			r, err := NewUpstreamReplica(id, target, UpstreamOptions{MaxOngoing: 1, OnRelease: onRelease})
+			return []Replica{r}, err
+		}}
+	d, err := NewDeployment(context.Background(), spec, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	hang.Store(true)
+	bStatus.Store(http.StatusServiceUnavailable)
+	eventually(t, "b out of routing, its checks failing beside a's hung one", func() bool { return d.Running() == 1 })
+	bStatus.Store(http.StatusOK)
+	eventually(t, "b back in routing", func() bool { return d.Running() == 2 })
+}

@@ -56,6 +56,16 @@ const broadcastChunk = 32
 // came by. Its answers land in its actors' slots, in pool order like the
 // others; a host that fails or hangs costs its own actors' slots only.
 func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
+	return p.broadcastEach(ctx, c, nil, only...)
+}
+
+// broadcastEach is Broadcast, telling each, if not nil, of every Result
+// as it comes, exactly once, from the goroutine that filled it (a worker,
+// a host's batcher, or Broadcast's own at ctx's end: then with ctx's
+// error): a health check's round records a replica's answer without
+// waiting for one that hangs. A call that answers after ctx's end was told
+// with ctx's error; each may run after broadcastEach has returned.
+func (p *Pool) broadcastEach(ctx context.Context, c Call, each func(i int, r Result), only ...string) []Result {
 	p.mu.Lock()
 	targets := p.actors // never written in place
 	hosted := p.hosted
@@ -77,6 +87,10 @@ func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 		results: make([]Result, n),
 		chunks:  make([]chunk, (n+broadcastChunk-1)/broadcastChunk),
 		done:    make(chan struct{}),
+		each:    each,
+	}
+	if each != nil {
+		b.told = make([]atomic.Bool, n)
 	}
 	payload, perr := c.payload(p)
 	b.c = Call{Method: c.Method, Payload: payload} // resolved once for every actor
@@ -96,6 +110,7 @@ func (p *Pool) Broadcast(ctx context.Context, c Call, only ...string) []Result {
 			continue
 		}
 		b.chunks[i/broadcastChunk].filled[i%broadcastChunk].Store(true)
+		b.tell(i)
 		left--
 	}
 	if left == 0 {
@@ -191,6 +206,20 @@ type broadcast struct {
 	nextChunk atomic.Int64  // index of the next chunk to claim
 	left      atomic.Int64  // targets whose result is not yet filled
 	done      chan struct{} // closed when left reaches 0
+
+	// each, if not nil, is told of each result (see broadcastEach);
+	// told[i] is set by whoever tells of slot i: its filler, or
+	// closed at ctx's end.
+	each func(i int, r Result)
+	told []atomic.Bool
+}
+
+// tell tells each of slot i's result, filled, unless it was told already
+// (with ctx's error, at ctx's end).
+func (b *broadcast) tell(i int) {
+	if b.each != nil && b.told[i].CompareAndSwap(false, true) {
+		b.each(i, b.results[i])
+	}
 }
 
 // chunk is broadcastChunk consecutive targets of a broadcast.
@@ -301,6 +330,7 @@ func (b *broadcast) drainCalls(w *worker, k int, filled *int64) (ok, panicked bo
 		r.Value, r.Err = nil, &PanicError{Value: v, Stack: debug.Stack()}
 		r.Actor = targets[calling].ID()
 		ch.filled[calling].Store(true)
+		b.tell(base + int(calling))
 		*filled++
 		panicked = true
 	}()
@@ -323,6 +353,7 @@ func (b *broadcast) drainCalls(w *worker, k int, filled *int64) (ok, panicked bo
 		r.Value, r.Err = v, err
 		r.Actor = a.ID() // field by field: cheaper under GC than copying a Result in
 		ch.filled[j].Store(true)
+		b.tell(base + int(j))
 		*filled++
 	}
 }
@@ -390,6 +421,7 @@ func (b *broadcast) batch(g hostGroup) {
 		}
 		r.Actor = ids[k]
 		b.chunks[i/broadcastChunk].filled[i%broadcastChunk].Store(true)
+		b.tell(i)
 	}
 	if b.left.Add(-int64(len(g.slots))) == 0 {
 		close(b.done)
@@ -414,8 +446,11 @@ func (b *broadcast) closed() []Result {
 	for i := range rs {
 		if b.chunks[i/broadcastChunk].filled[i%broadcastChunk].Load() {
 			rs[i] = b.results[i]
-		} else {
-			rs[i] = Result{Actor: b.targets[i].ID(), Err: b.ctx.Err()}
+			continue // told by its filler
+		}
+		rs[i] = Result{Actor: b.targets[i].ID(), Err: b.ctx.Err()}
+		if b.each != nil && b.told[i].CompareAndSwap(false, true) {
+			b.each(i, rs[i]) // its answer, if it comes, is told no more
 		}
 	}
 	return rs

@@ -1256,3 +1256,42 @@ func TestRefOfAnotherPool(t *testing.T) {
 		t.Errorf("Submit with another pool's Ref: %+v, %v; want ErrUnknownRef", r, err)
 	}
 }
+
+// broadcastEach tells of every result once, as it comes: a fast actor's
+// before a slow one answers, a slow one's at ctx's end with ctx's error,
+// and never again when it answers after.
+func TestBroadcastEachTellsOnce(t *testing.T) {
+	release := make(chan struct{})
+	slowDone := make(chan struct{})
+	fast := &fnActor{id: "fast", fn: func(context.Context, string, []byte) ([]byte, error) { return []byte("f"), nil }}
+	slow := &fnActor{id: "slow", fn: func(context.Context, string, []byte) ([]byte, error) {
+		defer close(slowDone)
+		<-release // ignores ctx
+		return []byte("s"), nil
+	}}
+	p := NewPool(fast, slow)
+	var mu sync.Mutex
+	told := map[string][]error{}
+	fastTold := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-fastTold; cancel() }() // ends the broadcast once the fast one is told: the slow one is not
+	p.broadcastEach(ctx, Call{Method: "m"}, func(i int, r Result) {
+		mu.Lock()
+		defer mu.Unlock()
+		told[r.Actor] = append(told[r.Actor], r.Err)
+		if r.Actor == "fast" {
+			close(fastTold)
+		}
+	})
+	close(release)
+	<-slowDone
+	time.Sleep(10 * time.Millisecond) // a late tell would come now
+	mu.Lock()
+	defer mu.Unlock()
+	if len(told["fast"]) != 1 || told["fast"][0] != nil {
+		t.Errorf("fast told %v, want once, with no error", told["fast"])
+	}
+	if len(told["slow"]) != 1 || !errors.Is(told["slow"][0], context.Canceled) {
+		t.Errorf("slow told %v, want once, with ctx's error", told["slow"])
+	}
+}
