@@ -3,6 +3,7 @@ package replica
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -28,18 +29,7 @@ func TestHealthFailuresLogBounded(t *testing.T) {
 		w.WriteHeader(int(status.Load()))
 	})
 	logs := &syncBuffer{}
-	spec := DeploymentSpec{App: "app", Name: "dep", Targets: []string{backend.URL}, MaxOngoingRequests: 1,
-		HealthCheckPeriod: 10 * time.Millisecond, HealthCheckTimeout: time.Second, GracefulShutdownTimeout: time.Second,
-		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
-			r, err := NewUpstreamReplica(id, target, UpstreamOptions{MaxOngoing: 1, OnRelease: onRelease})
-			return []Replica{r}, err
-		}}
-	d, err := NewDeployment(context.Background(), spec, Hooks{Log: zerolog.New(logs)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Start()
-	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	d := upstreamDeployment(t, []string{backend.URL}, 10*time.Millisecond, time.Second, logs)
 
 	eventually(t, "100 failed health checks", func() bool { return checks.Load() >= 100 })
 	failed := func() int { return strings.Count(logs.String(), "replica failed its health check") }
@@ -86,18 +76,7 @@ func TestSetHealthChecks(t *testing.T) {
 	leakCheck(t)
 	var checks atomic.Int32
 	backend := newBackend(t, func(w http.ResponseWriter, r *http.Request) { checks.Add(1) })
-	spec := DeploymentSpec{App: "app", Name: "dep", Targets: []string{backend.URL}, MaxOngoingRequests: 1,
-		HealthCheckPeriod: time.Hour, HealthCheckTimeout: time.Second, GracefulShutdownTimeout: time.Second,
-		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
-			r, err := NewUpstreamReplica(id, target, UpstreamOptions{MaxOngoing: 1, OnRelease: onRelease})
-			return []Replica{r}, err
-		}}
-	d, err := NewDeployment(context.Background(), spec, Hooks{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Start()
-	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	d := upstreamDeployment(t, []string{backend.URL}, time.Hour, time.Second, nil)
 	if err := d.SetHealthChecks(0, time.Second); err == nil {
 		t.Error("SetHealthChecks took a period of 0")
 	}
@@ -123,18 +102,7 @@ func TestJoiningTargetCheckedFirst(t *testing.T) {
 	up := newBackend(t, func(w http.ResponseWriter, r *http.Request) {})
 	down := newBackend(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(downStatus.Load())) })
 	logs := &syncBuffer{}
-	spec := DeploymentSpec{App: "app", Name: "dep", Targets: []string{up.URL, down.URL}, MaxOngoingRequests: 1,
-		HealthCheckPeriod: time.Hour, HealthCheckTimeout: 5 * time.Second, GracefulShutdownTimeout: time.Second,
-		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
-			r, err := NewUpstreamReplica(id, target, UpstreamOptions{MaxOngoing: 1, OnRelease: onRelease})
-			return []Replica{r}, err
-		}}
-	d, err := NewDeployment(context.Background(), spec, Hooks{Log: zerolog.New(logs)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Start()
-	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	d := upstreamDeployment(t, []string{up.URL, down.URL}, time.Hour, 5*time.Second, logs)
 	if n := d.Running(); n != 1 {
 		t.Fatalf("%d replicas in routing at the start, want 1 (the one that answered its check): %s", n, logs.String())
 	}
@@ -170,18 +138,7 @@ func TestJoiningTargetThatHangsIsBounded(t *testing.T) {
 	})
 	t.Cleanup(func() { close(release) })
 	logs := &syncBuffer{}
-	spec := DeploymentSpec{App: "app", Name: "dep", MaxOngoingRequests: 1,
-		HealthCheckPeriod: time.Hour, HealthCheckTimeout: time.Minute, GracefulShutdownTimeout: time.Second,
-		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
-			r, err := NewUpstreamReplica(id, target, UpstreamOptions{MaxOngoing: 1, OnRelease: onRelease})
-			return []Replica{r}, err
-		}}
-	d, err := NewDeployment(context.Background(), spec, Hooks{Log: zerolog.New(logs)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Start()
-	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	d := upstreamDeployment(t, nil, time.Hour, time.Minute, logs)
 	start := time.Now()
 	if err := d.SetTargets([]string{hang.URL}); err != nil {
 		t.Fatal(err)
@@ -207,18 +164,7 @@ func TestReplacedListKeepsTheOldUntilTheNewServes(t *testing.T) {
 	newStatus.Store(http.StatusServiceUnavailable)
 	old := newBackend(t, func(w http.ResponseWriter, r *http.Request) {})
 	next := newBackend(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(newStatus.Load())) })
-	spec := DeploymentSpec{App: "app", Name: "dep", Targets: []string{old.URL}, MaxOngoingRequests: 1,
-		HealthCheckPeriod: time.Hour, HealthCheckTimeout: 5 * time.Second, GracefulShutdownTimeout: time.Second,
-		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
-			r, err := NewUpstreamReplica(id, target, UpstreamOptions{MaxOngoing: 1, OnRelease: onRelease})
-			return []Replica{r}, err
-		}}
-	d, err := NewDeployment(context.Background(), spec, Hooks{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Start()
-	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	d := upstreamDeployment(t, []string{old.URL}, time.Hour, 5*time.Second, nil)
 	routed := func() []string { // d.mu held
 		var ts []string
 		for _, r := range d.replicas {
@@ -278,21 +224,35 @@ func TestHungCheckHoldsUpNoOther(t *testing.T) {
 	})
 	b := newBackend(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(bStatus.Load())) })
 	t.Cleanup(func() { close(release) })
-	spec := DeploymentSpec{App: "app", Name: "dep", Targets: []string{a.URL, b.URL}, MaxOngoingRequests: 1,
-		HealthCheckPeriod: 50 * time.Millisecond, HealthCheckTimeout: time.Minute, GracefulShutdownTimeout: time.Second,
-		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
-			r, err := NewUpstreamReplica(id, target, UpstreamOptions{MaxOngoing: 1, OnRelease: onRelease})
-			return []Replica{r}, err
-		}}
-	d, err := NewDeployment(context.Background(), spec, Hooks{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Start()
-	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	d := upstreamDeployment(t, []string{a.URL, b.URL}, 50*time.Millisecond, time.Minute, nil)
 	hang.Store(true)
 	bStatus.Store(http.StatusServiceUnavailable)
 	eventually(t, "b out of routing, its checks failing beside a's hung one", func() bool { return d.Running() == 1 })
 	bStatus.Store(http.StatusOK)
 	eventually(t, "b back in routing", func() bool { return d.Running() == 2 })
+}
+
+// upstreamDeployment starts a deployment of upstream replicas (one
+// request at a time each) following targets, health-checked each period
+// within timeout, logging to log if not nil, and stops it when the test
+// ends.
+func upstreamDeployment(t *testing.T, targets []string, period, timeout time.Duration, log io.Writer) *Deployment {
+	t.Helper()
+	hooks := Hooks{}
+	if log != nil {
+		hooks.Log = zerolog.New(log)
+	}
+	spec := DeploymentSpec{App: "app", Name: "dep", Targets: targets, MaxOngoingRequests: 1,
+		HealthCheckPeriod: period, HealthCheckTimeout: timeout, GracefulShutdownTimeout: time.Second,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			r, err := NewUpstreamReplica(id, target, UpstreamOptions{MaxOngoing: 1, OnRelease: onRelease})
+			return []Replica{r}, err
+		}}
+	d, err := NewDeployment(context.Background(), spec, hooks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	return d
 }
