@@ -253,7 +253,8 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 	discovers("discovery", d.Discovery != "")
 	discovers("discovery_server", d.DiscoveryServer != "")
 	// (A zero is reported as out of range already, not as misplaced.)
-	discovers("discovery_interval_s", v.wrote(p.child("discovery_interval_s"), d.DiscoveryIntervalS != defaultDiscoveryIntervalS && d.DiscoveryIntervalS != 0))
+	intervalSet := d.DiscoveryIntervalS != 0 && v.wrote(p.child("discovery_interval_s"), d.DiscoveryIntervalS != defaultDiscoveryIntervalS)
+	discovers("discovery_interval_s", intervalSet)
 	if d.Discovery == "" && (d.Handler == HandlerUpstream || d.Handler == HandlerHost) {
 		// Of a static list, nothing is resolved: set, they would be
 		// ignored in silence (a tester).
@@ -264,7 +265,7 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 		if d.DiscoveryServer != "" {
 			v.report(p.child("discovery_server"), "applies only with discovery (a static %s list is not resolved)", list)
 		}
-		if v.wrote(p.child("discovery_interval_s"), d.DiscoveryIntervalS != defaultDiscoveryIntervalS && d.DiscoveryIntervalS != 0) {
+		if intervalSet {
 			v.report(p.child("discovery_interval_s"), "applies only with discovery (a static %s list is not resolved)", list)
 		}
 	}

@@ -158,6 +158,9 @@ func TestParseErrors(t *testing.T) {
 		// Of a static list they would be ignored in silence (a tester).
 		{"discovery_server with a static list", kindDeployment("upstream", "        upstreams: [http://127.0.0.1:9000]\n        discovery_server: 127.0.0.1:53\n"), "applications[0].deployments[0].discovery_server", 7, "applies only with discovery (a static upstreams list is not resolved)"},
 		{"discovery_interval_s with a static list", kindDeployment("host", "        hosts: [\"127.0.0.1:9001\"]\n        discovery_interval_s: 1\n"), "applications[0].deployments[0].discovery_interval_s", 7, "applies only with discovery (a static hosts list is not resolved)"},
+		// A zero is out of range, said once (found by review).
+		{"discovery_interval_s zero with a static list", kindDeployment("host", "        hosts: [\"127.0.0.1:9001\"]\n        discovery_interval_s: 0\n"), "applications[0].deployments[0].discovery_interval_s", 7, "must be > 0"},
+		{"discovery_interval_s zero on command", kindDeployment("command", "        command: [./x]\n        discovery_interval_s: 0\n"), "applications[0].deployments[0].discovery_interval_s", 7, "must be > 0"},
 		{"discovery_server bad port", kindDeployment("upstream", "        discovery: dns://svc.local:8000\n        discovery_server: 127.0.0.1:99999\n"), "applications[0].deployments[0].discovery_server", 7, `must have a port between 1 and 65535 (a DNS server, 10.96.0.10:53), got "127.0.0.1:99999"`},
 		{"host_tls discovery without server_name", kindDeployment("host", "        discovery: dns://hosts.local:9001\n        host_tls: {ca_file: ca.pem}\n"), "applications[0].deployments[0].host_tls.server_name", 7, "required with discovery"},
 		{"host duplicate", kindDeployment("host", "        hosts: [\"a:1\", \"a:1\"]\n"), "applications[0].deployments[0].hosts[1]", 6, "duplicate host"},

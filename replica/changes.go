@@ -277,6 +277,11 @@ func (d *Deployment) SetTargets(targets []string) error {
 	keep := len(want) > 0 && len(gone) > 0 && d.routableWantedLocked() == 0
 	if !keep {
 		d.retireGoneLocked(gone, "")
+	} else {
+		for _, r := range gone {
+			d.log().Warn().Str("replica", r.ID()).Str("target", d.targets[r]).
+				Msg("replica's target gone from the list: kept serving until one of the list's is in routing")
+		}
 	}
 	d.mu.Unlock()
 
@@ -486,6 +491,9 @@ func (d *Deployment) addTargets(fresh []string, conns [][]Replica, errs []error)
 		d.spec.NumReplicas = len(d.replicas)
 		d.rebuildPoolLocked()
 		d.publishLocked()
+		// Those kept while none of the list's was in routing, once one
+		// is (a target connected at last by the health loop, too).
+		d.retireUnwantedLocked()
 	}
 	d.mu.Unlock()
 	// A replica host runs its own GC settings, which need not be those of

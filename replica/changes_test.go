@@ -284,7 +284,9 @@ func TestStalePassKeepsUnreachableOut(t *testing.T) {
 	before := time.Now()
 	time.Sleep(time.Millisecond) // the report comes strictly after the check began
 	d.ReportUnreachable(r, nil)
-	d.recordHealth(r, nil, before)
+	d.mu.Lock()
+	d.recordHealthLocked(r, nil, before)
+	d.mu.Unlock()
 	if routed() {
 		t.Fatal("a pass from a check begun before the report brought the replica back")
 	}

@@ -254,10 +254,8 @@ func (d *Discovery) url(ip netip.Addr, port uint16) string {
 // out of them (a tester read "on 10.255.255.53:53" and looked there).
 func (d *Discovery) error(err error) error {
 	if d.server != "" {
-		if de, ok := errors.AsType[*net.DNSError](err); ok && error(de) == err && de.Server != "" {
-			e := *de
-			e.Server = ""
-			err = &e
+		if de, ok := errors.AsType[*net.DNSError](err); ok {
+			de.Server = "" // this lookup's own error, wrapped or not (an SRV target's)
 		}
 		return fmt.Errorf("discovery %s (DNS server %s): %w", d.target, d.server, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -117,29 +118,37 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 	timeout := time.Duration(d.healthTimeout.Load())
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	// Every answer is counted before this returns, inside the deployment's
+	// wg: one told just after the deadline too (a filler's tell), which
+	// comes at once, the call being done.
+	var told sync.WaitGroup
+	told.Add(len(targets))
 	pool.broadcastEach(cctx, Call{Method: MethodCheckHealth}, func(i int, r Result) {
-		d.mu.Lock()
-		delete(d.checking, targets[i])
-		d.mu.Unlock()
-		if ctx.Err() != nil {
-			return // stopping: a cancelled check is no verdict
-		}
+		defer told.Done()
 		err := r.Err
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("no answer within health_check_timeout_s (%v): %w", timeout, err)
 		}
-		d.recordHealth(targets[i], err, started)
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		// Out of d.checking and counted at once: a later round's answer
+		// must not be counted before this one.
+		delete(d.checking, targets[i])
+		if ctx.Err() != nil {
+			return // stopping: a cancelled check is no verdict
+		}
+		d.recordHealthLocked(targets[i], err, started)
 	}, ids...)
+	told.Wait()
 }
 
-// recordHealth counts the result of a check begun at started. The
+// recordHealthLocked counts the result of a check begun at started. The
 // unhealthyAfter-th failure in a row takes the replica out of routing: to
 // be replaced (topUp), or, for a deployment that follows targets, until a
 // check passes again. A pass from a check begun before the replica was
-// reported unreachable is no news: it does not bring it back.
-func (d *Deployment) recordHealth(r Replica, err error, started time.Time) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+// reported unreachable is no news: it does not bring it back. d.mu must
+// be held.
+func (d *Deployment) recordHealthLocked(r Replica, err error, started time.Time) {
 	if !slices.Contains(d.replicas, r) {
 		return // retired while it was checked
 	}

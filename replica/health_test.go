@@ -3,6 +3,7 @@ package replica
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"slices"
@@ -255,4 +256,39 @@ func upstreamDeployment(t *testing.T, targets []string, period, timeout time.Dur
 	d.Start()
 	t.Cleanup(func() { _ = d.Stop(context.Background()) })
 	return d
+}
+
+// The old replica kept while a replaced list's target could not be
+// connected leaves once that target is connected by the health loop's
+// retries, not only at a later list (found by review: a static list that
+// never changed again kept it for good).
+func TestKeptReplicaLeavesWhenTheNewTargetConnectsLater(t *testing.T) {
+	var refuse atomic.Bool
+	refuse.Store(true)
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"old"}, HealthCheckPeriod: 20 * time.Millisecond,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			if target == "next" && refuse.Load() {
+				return nil, errors.New("connection refused")
+			}
+			return []Replica{NewLocal(id, handlerFunc(func(http.ResponseWriter, *http.Request) {}), 1, onRelease)}, nil
+		}})
+	if err := d.SetTargets([]string{"next"}); err == nil {
+		t.Fatal("SetTargets: no error for a target that refused")
+	}
+	targets := func() []string {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		var ts []string
+		for _, r := range d.replicas {
+			if r.State() == StateRunning && !d.excluded[r] {
+				ts = append(ts, d.targets[r])
+			}
+		}
+		return ts
+	}
+	if got := targets(); !slices.Equal(got, []string{"old"}) {
+		t.Fatalf("in routing %v, want the old one kept", got)
+	}
+	refuse.Store(false)
+	eventually(t, "the new target in, the old one out", func() bool { return slices.Equal(targets(), []string{"next"}) })
 }
