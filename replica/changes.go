@@ -279,8 +279,11 @@ func (d *Deployment) SetTargets(targets []string) error {
 		d.retireGoneLocked(gone, "")
 	} else {
 		for _, r := range gone {
-			d.log().Warn().Str("replica", r.ID()).Str("target", d.targets[r]).
-				Msg("replica's target gone from the list: kept serving until one of the list's is in routing")
+			if !d.kept[r] { // once, not at every DNS answer while it lasts
+				d.kept[r] = true
+				d.log().Warn().Str("replica", r.ID()).Str("target", d.targets[r]).
+					Msg("replica's target gone from the list: kept serving until one of the list's is in routing")
+			}
 		}
 	}
 	d.mu.Unlock()

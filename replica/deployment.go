@@ -164,6 +164,7 @@ type Deployment struct {
 	issued   map[string]bool  // the ids newID gave that a replica may still have: never two at once
 	failures map[Replica]int  // consecutive failed health checks
 	checking map[Replica]bool // whose health check is in flight (see checkHealth)
+	kept     map[Replica]bool // of targets gone from the list, kept serving and logged so (see SetTargets)
 	// failLogged is, for a replica failing its health checks past
 	// unhealthyAfter, when its last failure was logged and its
 	// consecutive failures then (see logHealthFailureLocked).
@@ -266,6 +267,7 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 		failLogged:    make(map[Replica]failLog),
 		excluded:      make(map[Replica]bool),
 		checking:      make(map[Replica]bool),
+		kept:          make(map[Replica]bool),
 		unreachableAt: make(map[Replica]time.Time),
 		targets:       make(map[Replica]string),
 		want:          make(map[string]bool, len(spec.Targets)),

@@ -165,7 +165,8 @@ func TestReplacedListKeepsTheOldUntilTheNewServes(t *testing.T) {
 	newStatus.Store(http.StatusServiceUnavailable)
 	old := newBackend(t, func(w http.ResponseWriter, r *http.Request) {})
 	next := newBackend(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(newStatus.Load())) })
-	d := upstreamDeployment(t, []string{old.URL}, time.Hour, 5*time.Second, nil)
+	logs := &syncBuffer{}
+	d := upstreamDeployment(t, []string{old.URL}, time.Hour, 5*time.Second, logs)
 	routed := func() []string { // d.mu held
 		var ts []string
 		for _, r := range d.replicas {
@@ -186,6 +187,9 @@ func TestReplacedListKeepsTheOldUntilTheNewServes(t *testing.T) {
 	}
 	if err := d.SetTargets([]string{next.URL}); err != nil { // a refresh, the new one still failing
 		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "kept serving until one of the list's is in routing"); n != 1 {
+		t.Errorf("%d warnings for the replica kept over two lists, want 1", n)
 	}
 	if n := d.Running(); n != 1 {
 		t.Fatalf("%d in routing after a refresh, want the old one still", n)

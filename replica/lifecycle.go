@@ -297,6 +297,7 @@ func (d *Deployment) retireLocked(olds ...Replica) {
 		delete(d.refused, old)
 		delete(d.gcStale, old)
 		delete(d.gcRefused, old)
+		delete(d.kept, old)
 		d.retired = append(d.retired, old)
 		batch = append(batch, old)
 	}
