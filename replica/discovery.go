@@ -202,6 +202,7 @@ func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
 		}
 	} else {
 		_, records, err := d.resolver.LookupSRV(ctx, "", "", d.name)
+		err = d.ownServer(err)
 		if err != nil && !isNotFound(err) {
 			return nil, d.error(err)
 		}
@@ -229,6 +230,7 @@ func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
 // does not exist or has no address records.
 func (d *Discovery) lookupIP(ctx context.Context, host string) ([]netip.Addr, error) {
 	ips, err := d.resolver.LookupNetIP(ctx, "ip", host)
+	err = d.ownServer(err)
 	if isNotFound(err) {
 		return nil, nil
 	}
@@ -249,14 +251,21 @@ func (d *Discovery) url(ip netip.Addr, port uint16) string {
 	return d.scheme + "://" + netip.AddrPortFrom(ip, port).String()
 }
 
-// error names the target and the server asked: with a server of its own,
-// Go's resolver still names the system's in its errors, which is taken
-// out of them (a tester read "on 10.255.255.53:53" and looked there).
+// ownServer takes the system's DNS server out of a lookup's error, as it
+// comes and before anything wraps it (a wrapping keeps the text it had):
+// with a server of its own, Go's resolver still names the system's (a
+// tester read "on 10.255.255.53:53" and looked there). error names the
+// server asked.
+func (d *Discovery) ownServer(err error) error {
+	if de, ok := errors.AsType[*net.DNSError](err); ok && d.server != "" {
+		de.Server = ""
+	}
+	return err
+}
+
+// error names the target and the server asked.
 func (d *Discovery) error(err error) error {
 	if d.server != "" {
-		if de, ok := errors.AsType[*net.DNSError](err); ok {
-			de.Server = "" // this lookup's own error, wrapped or not (an SRV target's)
-		}
 		return fmt.Errorf("discovery %s (DNS server %s): %w", d.target, d.server, err)
 	}
 	return fmt.Errorf("discovery %s: %w", d.target, err)

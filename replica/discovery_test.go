@@ -20,6 +20,9 @@ type testZone struct {
 	addrs map[string][]string // name (lower case, final dot) -> IPv4 and IPv6 addresses
 	srv   map[string][]dns.SRV
 	fail  bool // answer SERVFAIL
+	// failAddrs answers SERVFAIL to A and AAAA queries alone (an SRV
+	// answer's targets that do not resolve).
+	failAddrs bool
 
 	addr    string
 	servers []*dns.Server
@@ -113,6 +116,10 @@ func (z *testZone) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		return
 	}
 	q := req.Question[0]
+	if z.failAddrs && (q.Qtype == dns.TypeA || q.Qtype == dns.TypeAAAA) {
+		m.Rcode = dns.RcodeServerFailure
+		return
+	}
 	name := strings.ToLower(q.Name)
 	ips, hasAddrs := z.addrs[name]
 	recs, hasSRV := z.srv[name]
@@ -360,6 +367,28 @@ func TestDiscoverySRV(t *testing.T) {
 
 	z.remove(svc) // all gone
 	wantSet(t, nextSet(t, changes))
+}
+
+// An SRV target that does not resolve is an error naming the DNS server
+// asked alone, as a name's own lookup is (a tester: it named the system's,
+// from /etc/resolv.conf, where discovery_server was another).
+func TestDiscoverySRVTargetErrorNamesTheServer(t *testing.T) {
+	leakCheck(t)
+	z := startZone(t)
+	const svc = "_http._tcp.web.test."
+	z.setSRV(svc, dns.SRV{Priority: 1, Weight: 10, Port: 8001, Target: "a.web.test."})
+	z.mu.Lock()
+	z.failAddrs = true
+	z.mu.Unlock()
+	_, errs := watchDiscovery(t, "dns+srv://"+svc, z.addr)
+	select {
+	case err := <-errs:
+		if msg := err.Error(); !strings.Contains(msg, "SRV target a.web.test.") || !strings.Contains(msg, "(DNS server "+z.addr+")") || strings.Contains(msg, " on ") {
+			t.Errorf("%q: want the SRV target's failure, naming the DNS server %s alone", msg, z.addr)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no error reported")
+	}
 }
 
 func TestDiscoveryResolveOnce(t *testing.T) {
