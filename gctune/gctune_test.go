@@ -3,6 +3,7 @@ package gctune
 import (
 	"errors"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -167,6 +168,23 @@ func TestApplyBadGOGC(t *testing.T) {
 	for _, v := range []string{"off", "200", "2147483647"} {
 		if _, err := apply(t, map[string]string{"GOGC": v}, 4*gib, nil); err != nil {
 			t.Errorf("GOGC=%s: %v", v, err)
+		}
+	}
+}
+
+// A GOMEMLIMIT under the floor is refused, as PROXY_GC_MEMORY_LIMIT's is:
+// the runtime read it (0: a collector that never pauses) before main (a
+// tester found it taken in silence).
+func TestApplyGOMEMLIMITBelowTheFloor(t *testing.T) {
+	keepRuntime(t)
+	for _, v := range []string{"0", "1MiB"} {
+		limit, _ := strconv.ParseInt(strings.TrimSuffix(v, "MiB"), 10, 64)
+		if strings.HasSuffix(v, "MiB") {
+			limit <<= 20
+		}
+		debug.SetMemoryLimit(limit) // as the runtime read it
+		if _, err := apply(t, map[string]string{"GOMEMLIMIT": v}, 4*gib, nil); err == nil || !strings.Contains(err.Error(), "GOMEMLIMIT="+v+": below the 16MiB floor") {
+			t.Errorf("GOMEMLIMIT=%s: err = %v, want it refused", v, err)
 		}
 	}
 }
