@@ -278,13 +278,21 @@ func (d *Deployment) SetTargets(targets []string) error {
 	if !keep {
 		d.retireGoneLocked(gone, "")
 	} else {
+		// Only those that serve are kept: one out of routing (dead,
+		// failing its checks) keeps nothing up.
+		var out []Replica
 		for _, r := range gone {
+			if r.State() != StateRunning || d.excluded[r] {
+				out = append(out, r)
+				continue
+			}
 			if !d.kept[r] { // once, not at every DNS answer while it lasts
 				d.kept[r] = true
 				d.log().Warn().Str("replica", r.ID()).Str("target", d.targets[r]).
 					Msg("replica's target gone from the list: kept serving until one of the list's is in routing")
 			}
 		}
+		d.retireGoneLocked(out, "")
 	}
 	d.mu.Unlock()
 

@@ -164,9 +164,10 @@ func TestReplacedListKeepsTheOldUntilTheNewServes(t *testing.T) {
 	var newStatus atomic.Int32
 	newStatus.Store(http.StatusServiceUnavailable)
 	old := newBackend(t, func(w http.ResponseWriter, r *http.Request) {})
+	dead := newBackend(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })
 	next := newBackend(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(newStatus.Load())) })
 	logs := &syncBuffer{}
-	d := upstreamDeployment(t, []string{old.URL}, time.Hour, 5*time.Second, logs)
+	d := upstreamDeployment(t, []string{old.URL, dead.URL}, time.Hour, 5*time.Second, logs)
 	routed := func() []string { // d.mu held
 		var ts []string
 		for _, r := range d.replicas {
@@ -189,7 +190,13 @@ func TestReplacedListKeepsTheOldUntilTheNewServes(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := strings.Count(logs.String(), "kept serving until one of the list's is in routing"); n != 1 {
-		t.Errorf("%d warnings for the replica kept over two lists, want 1", n)
+		t.Errorf("%d warnings for the replica kept over two lists, want 1 (the one out of routing is not kept)", n)
+	}
+	d.mu.Lock()
+	n := len(d.replicas)
+	d.mu.Unlock()
+	if n != 2 { // old, kept; next, joining; not dead
+		t.Errorf("%d replicas, want the old one kept and the new one, the one out of routing gone", n)
 	}
 	if n := d.Running(); n != 1 {
 		t.Fatalf("%d in routing after a refresh, want the old one still", n)
