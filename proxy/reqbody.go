@@ -211,7 +211,11 @@ func (sw *statusWriter) settleBody(handlerDone bool) error {
 		// request: the handler's is a copy).
 		return nil
 	}
-	_ = b.setDeadline(time.Now().Add(b.timeout))
+	until := time.Now().Add(b.timeout)
+	if !sw.deadline.IsZero() && sw.deadline.Before(until) {
+		until = sw.deadline // PROXY_REQUEST_TIMEOUT is the request's, end to end
+	}
+	_ = b.setDeadline(until)
 	_, err := io.CopyN(io.Discard, b.rc, maxDrainBytes+1)
 	if err == io.EOF {
 		b.eof.Store(true)

@@ -325,3 +325,19 @@ func TestUnreadBodyWaitIsRecorded(t *testing.T) {
 		}
 	}
 }
+
+// PROXY_REQUEST_TIMEOUT bounds the read of a body the handler left unread
+// too, end to end: at it the answer goes out, closing the connection (a
+// tester: a static handler's answer waited 2.5 s for the body with a
+// timeout of 1 s).
+func TestRequestTimeoutBoundsTheUnreadBody(t *testing.T) {
+	tp := startProxy(t, Options{ClientBodyTimeout: time.Minute, RequestTimeout: 300 * time.Millisecond},
+		testDeployment{app: "static", prefix: "/", factory: static("hi")})
+	c := dialProxy(t, tp)
+	defer c.Close()
+	_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789")
+	res, _, took := readAnswer(t, c, bufio.NewReader(c), "/")
+	if res.StatusCode != http.StatusOK || !res.Close || took > 5*time.Second {
+		t.Errorf("%d after %v, close %v; want the handler's 200 at the request timeout, closing the connection", res.StatusCode, took, res.Close)
+	}
+}

@@ -104,6 +104,9 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 		if rd, ok := w.(readDeadliner); ok && p.opts.ClientBodyTimeout > 0 {
 			sw.reqBody.timeout, sw.reqBody.setDeadline = p.opts.ClientBodyTimeout, rd.SetReadDeadline
 		}
+		if t := p.opts.RequestTimeout; t > 0 {
+			sw.deadline = start.Add(t)
+		}
 		sw.expect = r.Header["Expect"] != nil // net/http answered any but 100-continue
 		sw.reqBody.expect = sw.expect
 		sw.reqClose, sw.http10, sw.head = r.Close, !r.ProtoAtLeast(1, 1), r.Method == http.MethodHead

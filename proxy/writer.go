@@ -48,7 +48,10 @@ type statusWriter struct {
 	sendTimeout time.Duration
 	sent        int
 	sendArmed   bool
-	writeErr    error
+	// deadline is the request timeout's end (zero if none): it bounds the
+	// read of a body left unread too (see settleBody).
+	deadline time.Time
+	writeErr error
 }
 
 // writeDeadliner is net/http's response writer, which sets its
