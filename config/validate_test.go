@@ -301,6 +301,9 @@ func TestParseSyntaxError(t *testing.T) {
 		// The key out of line is named, with a hint (a tester: the
 		// parser's words alone named nothing).
 		{"bad indentation", "applications:\n  - name: a\n   deployments: []\n", 3, `("deployments" at column 4): is it indented as the lines beside it are?`},
+		// Indented deeper, it ran on as the value above's last word.
+		{"key indented deeper", "applications:\n  - name: a\n     route_prefix: /a\n", 3, `("route_prefix" at column 6): is it indented deeper than the lines beside it?`},
+		{"key indented deeper in http_options", "http_options:\n  host: 127.0.0.1\n    port: 8000\n" + minimalYAML, 3, `("port" at column 5)`},
 		{"key indented less", "applications:\n  - name: py\n    deployments:\n      - name: py\n        handler: echo\n       num_replicas: 2\n", 6, `("num_replicas" at column 8)`},
 		{"unterminated quote", minimalYAML + "http_options: {host: 'x}\n", 6, ""},
 		{"tab indentation", "applications:\n\t- name: a\n", 2, ""},

@@ -60,7 +60,8 @@ func Parse(name string, data []byte) (*Config, error) {
 	// problem, rather than a parse error that stops at the first.
 	file, err := parser.ParseBytes(data, 0, parser.AllowDuplicateMapKey())
 	if err != nil {
-		return nil, Errors{{File: name, Line: errorLine(err), Msg: "invalid YAML: " + errorMessage(err)}}
+		line, msg := syntaxError(data, err)
+		return nil, Errors{{File: name, Line: line, Msg: msg}}
 	}
 
 	d := newDecoder(name, file)
@@ -932,6 +933,37 @@ func errorLine(err error) int {
 		}
 	}
 	return 0
+}
+
+// syntaxError is a parse error's line and message. A key indented deeper
+// than those beside it reads to the parser as the last word of the value
+// above, a plain scalar running on, and is reported at that value's line
+// with the two as one token ("a route_prefix"): the key's own line and
+// column are found after it, with a hint (a tester).
+func syntaxError(data []byte, err error) (line int, msg string) {
+	line, msg = errorLine(err), "invalid YAML: "+errorMessage(err)
+	var ye yaml.Error
+	if !errors.As(err, &ye) || !strings.HasSuffix(ye.GetMessage(), "not allowed in this context") {
+		return line, msg
+	}
+	tk := ye.GetToken()
+	if tk == nil || tk.Position == nil {
+		return line, msg
+	}
+	words := strings.Fields(tk.Value)
+	if len(words) < 2 {
+		return line, msg // one word: errorMessage named it
+	}
+	key := words[len(words)-1]
+	lines := strings.Split(string(data), "\n")
+	// lines[i] is line i+1: the lines after the token's first.
+	for i := tk.Position.Line; i < len(lines) && i < tk.Position.Line+len(words); i++ {
+		if rest := strings.TrimLeft(lines[i], " "); strings.HasPrefix(rest, key+":") {
+			col := len(lines[i]) - len(rest) + 1
+			return i + 1, fmt.Sprintf("invalid YAML: %s (%q at column %d): is it indented deeper than the lines beside it?", ye.GetMessage(), key, col)
+		}
+	}
+	return line, msg
 }
 
 func errorMessage(err error) string {
