@@ -94,7 +94,7 @@ func (d *Deployment) reconfigure(ctx context.Context, userConfig json.RawMessage
 	pool := d.pool
 	d.mu.Unlock()
 
-	results := d.broadcastTo(ctx, Call{Method: MethodReconfigure, Payload: userConfig}, pool, targets)
+	results := d.broadcastTo(ctx, Call{Method: MethodReconfigure, Payload: userConfig}, pool, targets, nil)
 	// A replica that had not answered when ctx ended may still apply the
 	// config: its result is unknown, neither a rejection nor a failure.
 	// One that could not be reached (a host down) has not rejected it, but
@@ -296,11 +296,9 @@ func (d *Deployment) SetTargets(targets []string) error {
 	}
 	d.mu.Unlock()
 
+	// Those kept leave as a new one joins in routing (addTargets).
 	errs, refused := d.connectTargets(fresh)
 	d.mu.Lock()
-	if keep {
-		d.retireUnwantedLocked()
-	}
 	d.unconnected = nil
 	for i, err := range errs {
 		if err != nil {

@@ -458,9 +458,10 @@ func (d *Deployment) rebuildPoolLocked() {
 }
 
 // broadcastTo sends c to the given replicas through the pool and returns
-// their results in the same order. The pool is read under d.mu, after the
-// caller chose the replicas, so all of them are in it.
-func (d *Deployment) broadcastTo(ctx context.Context, c Call, pool *Pool, targets []Replica) []Result {
+// their results in the same order, telling each of every one as it comes
+// if each is not nil (see Pool.broadcastEach). The pool is read under
+// d.mu, after the caller chose the replicas, so all of them are in it.
+func (d *Deployment) broadcastTo(ctx context.Context, c Call, pool *Pool, targets []Replica, each func(i int, r Result)) []Result {
 	if len(targets) == 0 {
 		return nil // an empty only is every actor, the draining ones too
 	}
@@ -468,7 +469,7 @@ func (d *Deployment) broadcastTo(ctx context.Context, c Call, pool *Pool, target
 	for i, l := range targets {
 		ids[i] = l.ID()
 	}
-	return pool.Broadcast(ctx, c, ids...)
+	return pool.broadcastEach(ctx, c, each, ids...)
 }
 
 // ReplicaStatus is one replica as GET /-/applications shows it: its own

@@ -110,10 +110,6 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 	if len(targets) == 0 {
 		return
 	}
-	ids := make([]string, len(targets))
-	for i, r := range targets {
-		ids[i] = r.ID()
-	}
 	started := time.Now()
 	timeout := time.Duration(d.healthTimeout.Load())
 	cctx, cancel := context.WithTimeout(ctx, timeout)
@@ -123,7 +119,7 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 	// comes at once, the call being done.
 	var told sync.WaitGroup
 	told.Add(len(targets))
-	pool.broadcastEach(cctx, Call{Method: MethodCheckHealth}, func(i int, r Result) {
+	d.broadcastTo(cctx, Call{Method: MethodCheckHealth}, pool, targets, func(i int, r Result) {
 		defer told.Done()
 		err := r.Err
 		if errors.Is(err, context.DeadlineExceeded) {
@@ -138,7 +134,7 @@ func (d *Deployment) checkHealth(ctx context.Context) {
 			return // stopping: a cancelled check is no verdict
 		}
 		d.recordHealthLocked(targets[i], err, started)
-	}, ids...)
+	})
 	told.Wait()
 }
 
