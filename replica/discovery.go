@@ -191,11 +191,18 @@ func (d *Discovery) Target() string { return d.target }
 // (or addresses, with HostPort), sorted and without duplicates; an empty set means the name has no
 // replicas. ctx bounds it.
 func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
-	urls := []string{}
+	urls, _, err := d.resolve(ctx)
+	return urls, err
+}
+
+// resolve is Resolve, with the SRV answer's targets that have no address
+// (a name that does not exist, or has no A or AAAA records).
+func (d *Discovery) resolve(ctx context.Context) (urls, unresolved []string, err error) {
+	urls = []string{}
 	if !d.srv {
 		ips, err := d.lookupIP(ctx, d.name)
 		if err != nil {
-			return nil, d.error(err)
+			return nil, nil, d.error(err)
 		}
 		for _, ip := range ips {
 			urls = append(urls, d.url(ip, d.port))
@@ -204,7 +211,7 @@ func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
 		_, records, err := d.resolver.LookupSRV(ctx, "", "", d.name)
 		err = d.ownServer(err)
 		if err != nil && !isNotFound(err) {
-			return nil, d.error(err)
+			return nil, nil, d.error(err)
 		}
 		for _, rec := range records {
 			if rec.Port == 0 || rec.Target == "." {
@@ -212,7 +219,10 @@ func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
 			}
 			ips, err := d.lookupIP(ctx, rec.Target)
 			if err != nil {
-				return nil, d.error(fmt.Errorf("SRV target %s: %w", rec.Target, err))
+				return nil, nil, d.error(fmt.Errorf("SRV target %s: %w", rec.Target, err))
+			}
+			if len(ips) == 0 {
+				unresolved = append(unresolved, rec.Target)
 			}
 			for _, ip := range ips {
 				urls = append(urls, d.url(ip, rec.Port))
@@ -220,7 +230,7 @@ func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
 		}
 	}
 	slices.Sort(urls)
-	return slices.Compact(urls), nil
+	return slices.Compact(urls), unresolved, nil
 }
 
 // lookupIP returns host's addresses of one family: the IPv4 ones if it has
@@ -296,7 +306,7 @@ func (d *Discovery) Run(ctx context.Context) {
 	var failLoggedAt time.Time
 	for {
 		rctx, cancel := context.WithTimeout(ctx, d.timeout)
-		urls, err := d.Resolve(rctx)
+		urls, unresolved, err := d.resolve(rctx)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -320,10 +330,19 @@ func (d *Discovery) Run(ctx context.Context) {
 				d.opts.OnError(err)
 			}
 		case !known || retry || !slices.Equal(urls, last):
-			if len(urls) == 0 && (!known || len(last) > 0) {
+			switch {
+			case len(urls) == 0 && len(unresolved) > 0 && (!known || len(last) > 0):
+				// The name answers, its targets do not (a tester was
+				// told the name had no records).
+				d.opts.Log.Warn().Str("discovery", d.target).Strs("unresolved_targets", unresolved).
+					Msg("DNS discovery: the SRV records name targets with no address; no replicas until they have")
+			case len(urls) == 0 && (!known || len(last) > 0):
 				// An answer, but a typo in the name looks the same: say so.
 				d.opts.Log.Warn().Str("discovery", d.target).
 					Msg("DNS discovery: the name has no records, or does not exist; no replicas until it has")
+			case len(unresolved) > 0:
+				d.opts.Log.Warn().Str("discovery", d.target).Strs("unresolved_targets", unresolved).
+					Msg("DNS discovery: some SRV targets have no address; serving the others")
 			}
 			known, last = true, urls
 			retry = d.opts.OnChange(slices.Clone(urls)) != nil

@@ -497,3 +497,23 @@ func TestDiscoveryCancelEndsTheExchange(t *testing.T) {
 		t.Fatalf("Resolve took %v after its context ended", took)
 	}
 }
+
+// SRV records whose targets have no address are said to be so, not "the
+// name has no records" (a tester), and one of several, once.
+func TestDiscoverySRVTargetsWithoutAddress(t *testing.T) {
+	leakCheck(t)
+	z := startZone(t)
+	const svc = "_http._tcp.web.test."
+	z.setSRV(svc, dns.SRV{Priority: 1, Weight: 10, Port: 8001, Target: "gone1.web.test."}, dns.SRV{Priority: 1, Weight: 10, Port: 8002, Target: "gone2.web.test."})
+	logs := &syncBuffer{}
+	changes, _ := watchDiscoveryLog(t, "dns+srv://"+svc, z.addr, zerolog.New(logs))
+	wantSet(t, nextSet(t, changes))
+	if s := logs.String(); !strings.Contains(s, "the SRV records name targets with no address") || !strings.Contains(s, "gone1.web.test.") || strings.Contains(s, "has no records") {
+		t.Errorf("log: %s\nwant the targets with no address named", s)
+	}
+	z.setAddrs("gone1.web.test.", "127.0.0.1")
+	wantSet(t, nextSet(t, changes), "http://127.0.0.1:8001")
+	if s := logs.String(); strings.Count(s, "some SRV targets have no address") != 1 {
+		t.Errorf("log: %s\nwant one line for the target still without an address", s)
+	}
+}
