@@ -53,8 +53,13 @@ func statusOf(err error) int {
 }
 
 // writeError answers a request that failed before its replica wrote
-// anything.
+// anything; a 503 says to retry after a second.
 func writeError(w http.ResponseWriter, status int, msg string) {
+	writeErrorRetry(w, status, msg, status == http.StatusServiceUnavailable)
+}
+
+// writeErrorRetry is writeError, with a Retry-After of a second if retry.
+func writeErrorRetry(w http.ResponseWriter, status int, msg string, retry bool) {
 	if status == StatusClientClosedRequest {
 		return // nobody is listening
 	}
@@ -62,7 +67,7 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 		sw.own = true // see closeIfBodyLeft
 	}
 	h := w.Header()
-	if status == http.StatusServiceUnavailable {
+	if retry {
 		h.Set("Retry-After", "1")
 	}
 	h.Set("Content-Type", "text/plain; charset=utf-8")

@@ -307,7 +307,11 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 				var err error
 				if h, release, err = rt.Scheduler.Acquire(ctx); err != nil {
 					res.status = statusOf(err)
-					writeError(sw, res.status, errorMessage(res.status, err))
+					// No Retry-After from a deployment that gave up
+					// starting its replicas (max_constructor_retry_count):
+					// a second later is no better.
+					gaveUp := errors.Is(err, router.ErrNoReplicas) && p.routeMeta[rt].deployment.GaveUp()
+					writeErrorRetry(sw, res.status, errorMessage(res.status, err), res.status == http.StatusServiceUnavailable && !gaveUp)
 					if res.replica != nil {
 						// The replica tried refused it before none was
 						// left (unreachable, say): it was sent nothing,

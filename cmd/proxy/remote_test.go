@@ -364,8 +364,10 @@ func TestCommandCrashAtStart(t *testing.T) {
 	if r := get(t, c, "http://"+p.HTTPAddr+"/ok"); r.status != 200 || r.body != "fine" {
 		t.Errorf("the healthy application: %d %q", r.status, r.body)
 	}
-	if r := get(t, c, "http://"+p.HTTPAddr+"/broken"); r.status != 503 || !strings.Contains(r.body, "No replicas are available") {
-		t.Errorf("the broken application: %d %q, want 503 No replicas are available", r.status, r.body)
+	// With no Retry-After: it gave up, and a second later is no better
+	// (it said 1).
+	if r := get(t, c, "http://"+p.HTTPAddr+"/broken"); r.status != 503 || !strings.Contains(r.body, "No replicas are available") || r.header.Get("Retry-After") != "" {
+		t.Errorf("the broken application: %d %q, Retry-After %q; want 503 No replicas are available, and none", r.status, r.body, r.header.Get("Retry-After"))
 	}
 	dep := getApplications(t, c, p).Applications[1].Deployments[0]
 	if dep.Status != "UNHEALTHY" {
