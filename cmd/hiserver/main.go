@@ -33,14 +33,18 @@ import (
 func main() {
 	listen := flag.String("listen", "127.0.0.1:9000", "address to listen on")
 	headers := flag.Bool("headers", false, "set X-Request-Id and Content-Type on every response, as the proxy does")
+	requestID := flag.Bool("request-id", false, "set X-Request-Id alone on every response: the one header Serve's semantics ask for")
 	flag.Parse() // arguments after the flags are ignored: tests pass some to a command replica
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 
 	handler := http.HandlerFunc(hi)
-	if *headers {
+	switch {
+	case *headers:
 		handler = hiWithHeaders
+	case *requestID:
+		handler = hiWithRequestID
 	}
 	if err := run(ctx, *listen, handler); err != nil {
 		log.Fatal(err)
@@ -68,6 +72,18 @@ func hiWithHeaders(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h["X-Request-Id"] = id[:1:1]
 	h["Content-Type"] = textPlain
+	_, _ = w.Write([]byte("hi"))
+}
+
+// hiWithRequestID answers as hi does, with the request's X-Request-Id
+// (or a placeholder): net/http copies, sorts and writes a header map once
+// a handler sets any header, which hi skips.
+func hiWithRequestID(w http.ResponseWriter, r *http.Request) {
+	id := r.Header["X-Request-Id"]
+	if len(id) == 0 {
+		id = placeholderID
+	}
+	w.Header()["X-Request-Id"] = id[:1:1]
 	_, _ = w.Write([]byte("hi"))
 }
 
