@@ -136,7 +136,7 @@ func (t *Tuner) apply(e config.Env, environ map[string]string) error {
 			s.MemoryLimitRatio = e.GCMemoryLimit.Ratio
 			s.MemoryLimitSource = sourceOf(environ, "PROXY_GC_MEMORY_LIMIT")
 		}
-		if err := t.limitBeyondMemory(percentSetting(s.PercentSource, percent), limit); err != nil && !userLimit && e.GCMemoryLimit.Bytes > 0 {
+		if err := t.limitBeyondMemory(percent, percentName(s.PercentSource, percent), limit); err != nil && !userLimit && e.GCMemoryLimit.Bytes > 0 {
 			// As Set refuses it: a limit over the memory there is
 			// bounds nothing, where a high GOGC needs one.
 			return fmt.Errorf("PROXY_GC_MEMORY_LIMIT=%s: %w; set one within it (a ratio such as 0.9), or none", e.GCMemoryLimit, err)
@@ -157,31 +157,25 @@ func (t *Tuner) apply(e config.Env, environ map[string]string) error {
 	return nil
 }
 
-// percentSetting names a GC percent at start by where it came from, for
-// an error about it: the variable that set it, or the tuned default.
-func percentSetting(source string, percent int) gcPercentSetting {
+// percentName names a GC percent at start by where it came from, for an
+// error about it: the variable that set it, or the tuned default.
+func percentName(source string, percent int) string {
 	p := config.GCPercent(percent)
 	switch source {
 	case SourceGOGC:
-		return gcPercentSetting{percent, fmt.Sprintf("GOGC=%s", p)}
+		return fmt.Sprintf("GOGC=%s", p)
 	case SourceEnv:
-		return gcPercentSetting{percent, fmt.Sprintf("PROXY_GC_PERCENT=%s", p)}
+		return fmt.Sprintf("PROXY_GC_PERCENT=%s", p)
 	default:
-		return gcPercentSetting{percent, fmt.Sprintf("the default GC percent %s (PROXY_GC_PERCENT)", p)}
+		return fmt.Sprintf("the default GC percent %s (PROXY_GC_PERCENT)", p)
 	}
-}
-
-// gcPercentSetting is a GC percent and how an error names it.
-type gcPercentSetting struct {
-	percent int
-	name    string
 }
 
 // limitBeyondMemory refuses a high GOGC (or off) with a memory limit
 // above the memory there is, which bounds nothing either. A limit of none
-// is the caller's to judge.
-func (t *Tuner) limitBeyondMemory(setting gcPercentSetting, limit int64) error {
-	if percent := setting.percent; percent >= 0 && percent <= 100 || limit == noLimit {
+// is the caller's to judge. name is how the error names the percent.
+func (t *Tuner) limitBeyondMemory(percent int, name string, limit int64) error {
+	if percent >= 0 && percent <= 100 || limit == noLimit {
 		return nil
 	}
 	total, from, err := t.memory()
@@ -192,7 +186,7 @@ func (t *Tuner) limitBeyondMemory(setting gcPercentSetting, limit int64) error {
 	if limit-int64(total) < int64(total)/100 { // a little over: say how much
 		have, want = fmt.Sprintf("%d bytes", total), fmt.Sprintf("%d bytes", limit)
 	}
-	return fmt.Errorf("%s with a memory limit of %s, more than the %s there is (%s), would let the heap grow without bound", setting.name, want, have, from)
+	return fmt.Errorf("%s with a memory limit of %s, more than the %s there is (%s), would let the heap grow without bound", name, want, have, from)
 }
 
 func sourceOf(environ map[string]string, name string) string {
@@ -305,8 +299,7 @@ func (t *Tuner) Set(u Update) (State, error) {
 	if (percent < 0 || percent > 100) && limit == noLimit {
 		return s, fmt.Errorf("percent %s with no memory limit would let the heap grow without bound; set memory_limit too", config.GCPercent(percent))
 	}
-	setting := gcPercentSetting{percent, fmt.Sprintf("percent %s", config.GCPercent(percent))}
-	if err := t.limitBeyondMemory(setting, limit); err != nil {
+	if err := t.limitBeyondMemory(percent, fmt.Sprintf("percent %s", config.GCPercent(percent)), limit); err != nil {
 		return s, fmt.Errorf("%w; set a memory_limit within it (a ratio such as 0.9)", err)
 	}
 	debug.SetGCPercent(percent)

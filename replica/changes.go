@@ -282,7 +282,7 @@ func (d *Deployment) SetTargets(targets []string) error {
 		// failing its checks) keeps nothing up.
 		var out []Replica
 		for _, r := range gone {
-			if r.State() != StateRunning || d.excluded[r] {
+			if !d.routableLocked(r) {
 				out = append(out, r)
 				continue
 			}
@@ -355,7 +355,7 @@ func (e *ConfigRefusedError) Error() string {
 func (d *Deployment) routableWantedLocked() int {
 	n := 0
 	for _, r := range d.replicas {
-		if d.want[d.targets[r]] && r.State() == StateRunning && !d.excluded[r] {
+		if d.want[d.targets[r]] && d.routableLocked(r) {
 			n++
 		}
 	}

@@ -402,11 +402,17 @@ func (d *Deployment) Running() int {
 	defer d.mu.Unlock()
 	n := 0
 	for _, r := range d.replicas {
-		if r.State() == StateRunning && !d.excluded[r] {
+		if d.routableLocked(r) {
 			n++
 		}
 	}
 	return n
+}
+
+// routableLocked reports whether r takes requests: running, and not kept
+// out of routing. d.mu must be held.
+func (d *Deployment) routableLocked(r Replica) bool {
+	return r.State() == StateRunning && !d.excluded[r]
 }
 
 // publishLocked tells the router the routable replicas. d.mu must be held,
@@ -414,7 +420,7 @@ func (d *Deployment) Running() int {
 func (d *Deployment) publishLocked() {
 	hs := make([]Handle, 0, len(d.replicas))
 	for _, r := range d.replicas {
-		if r.State() == StateRunning && !d.excluded[r] {
+		if d.routableLocked(r) {
 			hs = append(hs, r)
 		}
 	}

@@ -168,22 +168,10 @@ func TestReplacedListKeepsTheOldUntilTheNewServes(t *testing.T) {
 	next := newBackend(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(newStatus.Load())) })
 	logs := &syncBuffer{}
 	d := upstreamDeployment(t, []string{old.URL, dead.URL}, time.Hour, 5*time.Second, logs)
-	routed := func() []string { // d.mu held
-		var ts []string
-		for _, r := range d.replicas {
-			if r.State() == StateRunning && !d.excluded[r] {
-				ts = append(ts, d.targets[r])
-			}
-		}
-		return ts
-	}
 	if err := d.SetTargets([]string{next.URL}); err != nil {
 		t.Fatal(err)
 	}
-	d.mu.Lock()
-	got := routed()
-	d.mu.Unlock()
-	if !slices.Equal(got, []string{old.URL}) {
+	if got := routedTargets(d); !slices.Equal(got, []string{old.URL}) {
 		t.Fatalf("in routing %v after the list was replaced by a target failing its check, want the old one kept", got)
 	}
 	if err := d.SetTargets([]string{next.URL}); err != nil { // a refresh, the new one still failing
@@ -203,11 +191,7 @@ func TestReplacedListKeepsTheOldUntilTheNewServes(t *testing.T) {
 	}
 	newStatus.Store(http.StatusOK)
 	d.CheckHealthNow()
-	eventually(t, "the new one in, the old one out", func() bool {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		return slices.Equal(routed(), []string{next.URL})
-	})
+	eventually(t, "the new one in, the old one out", func() bool { return slices.Equal(routedTargets(d), []string{next.URL}) })
 	if err := d.SetTargets(nil); err != nil {
 		t.Fatal(err)
 	}
@@ -286,20 +270,22 @@ func TestKeptReplicaLeavesWhenTheNewTargetConnectsLater(t *testing.T) {
 	if err := d.SetTargets([]string{"next"}); err == nil {
 		t.Fatal("SetTargets: no error for a target that refused")
 	}
-	targets := func() []string {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		var ts []string
-		for _, r := range d.replicas {
-			if r.State() == StateRunning && !d.excluded[r] {
-				ts = append(ts, d.targets[r])
-			}
-		}
-		return ts
-	}
-	if got := targets(); !slices.Equal(got, []string{"old"}) {
+	if got := routedTargets(d); !slices.Equal(got, []string{"old"}) {
 		t.Fatalf("in routing %v, want the old one kept", got)
 	}
 	refuse.Store(false)
-	eventually(t, "the new target in, the old one out", func() bool { return slices.Equal(targets(), []string{"next"}) })
+	eventually(t, "the new target in, the old one out", func() bool { return slices.Equal(routedTargets(d), []string{"next"}) })
+}
+
+// routedTargets returns the targets of d's replicas in routing.
+func routedTargets(d *Deployment) []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var ts []string
+	for _, r := range d.replicas {
+		if d.routableLocked(r) {
+			ts = append(ts, d.targets[r])
+		}
+	}
+	return ts
 }
