@@ -233,16 +233,75 @@ func (d *Deployment) SetTargets(targets []string) error {
 	if d.spec.Connect == nil {
 		return errors.New("SetTargets: the deployment does not follow targets")
 	}
+	// One list at a time; control only while the replica set changes, not
+	// while fresh targets are dialled: a replica host that accepts and
+	// never says hello holds its dial for seconds, at every DNS answer
+	// while it is listed, and must hold up no reconfigure, health repair
+	// or Stop meanwhile.
+	d.targetsMu.Lock()
+	defer d.targetsMu.Unlock()
+	fresh, ok := d.followTargets(targets)
+	if !ok {
+		return nil // stopped: nothing is routed any more
+	}
+	conns, errs := d.dialTargets(fresh)
+
+	d.control.Lock()
+	defer d.control.Unlock()
+	if d.stopped {
+		d.dropConns(conns)
+		return d.ctx.Err() // its dials cut short
+	}
+	// The health loop's repair may have connected one meanwhile (a target
+	// that failed before), or a later list left it.
+	d.mu.Lock()
+	var late [][]Replica
+	adding, addConns, addErrs := fresh[:0:0], conns[:0:0], errs[:0:0]
+	for i, t := range fresh {
+		if !d.want[t] || d.connectedLocked(t) {
+			late = append(late, conns[i])
+			continue
+		}
+		adding, addConns, addErrs = append(adding, t), append(addConns, conns[i]), append(addErrs, errs[i])
+	}
+	d.mu.Unlock()
+	d.dropConns(late)
+
+	// Those kept leave as a new one joins in routing (addTargets).
+	addErrs, refused := d.connectTargets(adding, addConns, addErrs)
+	d.mu.Lock()
+	d.unconnected = nil
+	for i, err := range addErrs {
+		if err != nil {
+			d.unconnected = append(d.unconnected, TargetError{Target: adding[i], Error: err.Error()})
+			// The health loop tries it again each period: a list (a
+			// reload's hosts, one of them not up yet) has nothing else to
+			// bring it in.
+			if !d.spec.Discovered {
+				d.renew[adding[i]] = true
+			}
+		}
+	}
+	d.mu.Unlock()
+	return errors.Join(append(addErrs, refused...)...)
+}
+
+// followTargets makes targets the list SetTargets follows: the replicas of
+// targets gone leave routing (unless none routable would be left), and it
+// returns the fresh targets to connect, or false if the deployment has
+// stopped. It holds control.
+func (d *Deployment) followTargets(targets []string) (fresh []string, ok bool) {
 	d.control.Lock()
 	defer d.control.Unlock()
 	if d.stopped || d.ctx.Err() != nil {
-		return nil // stopped: nothing is routed any more
+		return nil, false
 	}
 	want := make(map[string]bool, len(targets))
 	for _, t := range targets {
 		want[t] = true
 	}
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.want = want
 	for t := range d.renewWarned {
 		if !want[t] {
@@ -258,7 +317,6 @@ func (d *Deployment) SetTargets(targets []string) error {
 			gone = append(gone, r)
 		}
 	}
-	var fresh []string
 	for _, t := range targets {
 		if !have[t] {
 			have[t] = true // a target listed twice is connected once
@@ -277,42 +335,30 @@ func (d *Deployment) SetTargets(targets []string) error {
 	keep := len(want) > 0 && len(gone) > 0 && d.routableWantedLocked() == 0
 	if !keep {
 		d.retireGoneLocked(gone, "")
-	} else {
-		// Only those that serve are kept: one out of routing (dead,
-		// failing its checks) keeps nothing up.
-		var out []Replica
-		for _, r := range gone {
-			if !d.routableLocked(r) {
-				out = append(out, r)
-				continue
-			}
-			if !d.kept[r] { // once, not at every DNS answer while it lasts
-				d.kept[r] = true
-				d.log().Warn().Str("replica", r.ID()).Str("target", d.targets[r]).
-					Msg("replica's target gone from the list: kept serving until one of the list's is in routing")
-			}
-		}
-		d.retireGoneLocked(out, "")
+		return fresh, true
 	}
-	d.mu.Unlock()
+	// Only those that serve are kept: one out of routing (dead, failing
+	// its checks) keeps nothing up.
+	var out []Replica
+	for _, r := range gone {
+		if !d.routableLocked(r) {
+			out = append(out, r)
+			continue
+		}
+		if !d.kept[r] { // once, not at every DNS answer while it lasts
+			d.kept[r] = true
+			d.log().Warn().Str("replica", r.ID()).Str("target", d.targets[r]).
+				Msg("replica's target gone from the list: kept serving until one of the list's is in routing")
+		}
+	}
+	d.retireGoneLocked(out, "")
+	return fresh, true
+}
 
-	// Those kept leave as a new one joins in routing (addTargets).
-	errs, refused := d.connectTargets(fresh)
-	d.mu.Lock()
-	d.unconnected = nil
-	for i, err := range errs {
-		if err != nil {
-			d.unconnected = append(d.unconnected, TargetError{Target: fresh[i], Error: err.Error()})
-			// The health loop tries it again each period: a list (a
-			// reload's hosts, one of them not up yet) has nothing else to
-			// bring it in.
-			if !d.spec.Discovered {
-				d.renew[fresh[i]] = true
-			}
-		}
-	}
-	d.mu.Unlock()
-	return errors.Join(append(errs, refused...)...)
+// connectedLocked reports whether target has replicas in the deployment.
+// d.mu must be held.
+func (d *Deployment) connectedLocked(target string) bool {
+	return slices.ContainsFunc(d.replicas, func(r Replica) bool { return d.targets[r] == target })
 }
 
 // ConfigRefusedError is a target connected for SetTargets whose replicas
@@ -393,13 +439,12 @@ func (d *Deployment) retireGoneLocked(gone []Replica, note string) {
 	d.spec.NumReplicas = len(d.replicas)
 }
 
-// connectTargets connects fresh, targets the deployment has no replicas
-// of, at once, and adds their replicas to routing (given the user_config
-// first). It returns each target's error, and a *ConfigRefusedError for
-// each target connected whose replicas did not take the user_config.
-// control must be held.
-func (d *Deployment) connectTargets(fresh []string) (errs, refused []error) {
-	conns, errs := d.dialTargets(fresh)
+// connectTargets adds the replicas dialTargets connected for fresh,
+// targets the deployment has no replicas of, to routing (given the
+// user_config first). It returns each target's error, and a
+// *ConfigRefusedError for each target connected whose replicas did not
+// take the user_config. control must be held.
+func (d *Deployment) connectTargets(fresh []string, conns [][]Replica, errs []error) (_, refused []error) {
 	errs = d.addTargets(fresh, conns, errs)
 	d.mu.Lock()
 	defer d.mu.Unlock()

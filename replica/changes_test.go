@@ -399,6 +399,88 @@ func TestSetTargetsSlowConnect(t *testing.T) {
 	}
 }
 
+// A target that takes long to connect (a replica host that accepts and
+// never says hello, dialled again at every DNS answer while it is listed)
+// holds up no reconfigure meanwhile: the dial runs without the
+// deployment's control. Before, each Reconfigure or PUT waited for the
+// dial's timeout, 5 s.
+func TestSetTargetsDialHoldsNoControl(t *testing.T) {
+	connecting, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	letConnect := func() { once.Do(func() { close(proceed) }) }
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"},
+		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			if target == "slow" {
+				close(connecting)
+				select {
+				case <-proceed:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			return []Replica{NewLocal(id, Echo{}, 1, onRelease)}, nil
+		}})
+	t.Cleanup(letConnect)
+	done := make(chan error, 1)
+	go func() { done <- d.SetTargets([]string{"a", "slow"}) }()
+	<-connecting
+	reconfigured := make(chan error, 1)
+	go func() {
+		_, err := d.Reconfigure(context.Background(), json.RawMessage(`{"k": 1}`))
+		reconfigured <- err
+	}()
+	select {
+	case <-reconfigured: // refused (Echo takes no user_config), but answered
+	case <-done:
+		t.Fatal("SetTargets returned before its slow target was let connect")
+	case <-time.After(10 * time.Second):
+		t.Fatal("Reconfigure waited for a target's dial")
+	}
+	letConnect()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := len(d.Replicas()); n != 2 {
+		t.Fatalf("%d replicas once the slow target connected, want 2", n)
+	}
+}
+
+// A target that the health loop's repair connected while a list dialled it
+// too is connected once.
+func TestSetTargetsConnectedMeanwhileOnce(t *testing.T) {
+	connecting, proceed := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"},
+		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			if target == "b" && calls.Add(1) == 1 {
+				close(connecting)
+				<-proceed
+			}
+			return []Replica{NewLocal(id, Echo{}, 1, onRelease)}, nil
+		}})
+	done := make(chan error, 1)
+	go func() { done <- d.SetTargets([]string{"a", "b"}) }()
+	<-connecting
+	renewed := make(chan bool, 1)
+	go func() { renewed <- d.renewTarget(context.Background(), "b") }()
+	select {
+	case ok := <-renewed:
+		if !ok {
+			t.Fatal("the repair did not connect b while the list's dial of it waited")
+		}
+	case <-time.After(10 * time.Second):
+		close(proceed)
+		t.Fatal("the repair waited for the list's dial")
+	}
+	close(proceed)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := len(d.Replicas()); n != 2 {
+		t.Fatalf("%d replicas, want a's and b's once", n)
+	}
+}
+
 // A list replaced whole (a DNS answer whose one pod was replaced between
 // two refreshes) keeps the old replicas in routing until the new ones are
 // connected: before, none were routable meanwhile, and every request got

@@ -147,6 +147,10 @@ type Deployment struct {
 	// (Reconfigure, Scale, topUp, Stop), so that a replica is never built
 	// with a user_config that is being replaced.
 	control sync.Mutex
+	// targetsMu serializes SetTargets, which holds control only while
+	// the replica set changes, not while it dials fresh targets. It is
+	// taken before control.
+	targetsMu sync.Mutex
 	// stopped is set, under control, once Stop begins: the changes that
 	// would start background work refuse with ErrStopped from then on.
 	stopped bool

@@ -159,7 +159,7 @@ func (d *Deployment) renewTarget(ctx context.Context, target string) bool {
 	d.control.Lock()
 	defer d.control.Unlock()
 	d.mu.Lock()
-	connected := slices.ContainsFunc(d.replicas, func(r Replica) bool { return d.targets[r] == target })
+	connected := d.connectedLocked(target)
 	wanted = d.want[target]
 	d.mu.Unlock()
 	if d.stopped || !wanted || connected {
