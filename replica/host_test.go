@@ -781,3 +781,54 @@ func TestHostLogsProxyConnections(t *testing.T) {
 		return strings.Contains(logs.String(), `"connections":0,"message":"replica host: proxy disconnected"`)
 	})
 }
+
+// hangingCheck is a handler whose health check waits for its context's
+// end when hang is set.
+type hangingCheck struct{ hang bool }
+
+func (h *hangingCheck) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	_, _ = io.WriteString(w, "hi")
+}
+func (h *hangingCheck) CheckHealth(ctx context.Context) error {
+	if h.hang {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return nil
+}
+
+// One actor whose health check hangs fails its check alone: the host
+// answers for the others before the caller's deadline. Before, the host
+// answered at the same deadline as the caller's, which gave up first, and
+// every actor of the host failed: three such rounds took the whole host
+// out of routing for one hung actor.
+func TestHostHungActorFailsItsCheckAlone(t *testing.T) {
+	noLeaks(t)
+	var built atomic.Int32
+	_, addr := startHost(t, HostConfig{Factory: func(json.RawMessage) (Handler, error) {
+		return &hangingCheck{hang: built.Add(1) == 1}, nil
+	}, Replicas: 3, MaxOngoing: 1})
+	c := connect(t, addr, HostOptions{})
+	actors := make([]Actor, 0, 3)
+	for _, r := range c.Replicas() {
+		actors = append(actors, r)
+	}
+	p := NewPool(actors...)
+	for round := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		rs := p.Broadcast(ctx, Call{Method: MethodCheckHealth})
+		cancel()
+		failed := 0
+		for _, r := range rs {
+			if r.Err != nil {
+				failed++
+				if !errors.Is(r.Err, context.DeadlineExceeded) {
+					t.Fatalf("round %d: %s: %v, want its deadline", round, r.Actor, r.Err)
+				}
+			}
+		}
+		if failed != 1 {
+			t.Fatalf("round %d: %d of 3 actors failed their checks, want the hung one alone: %v", round, failed, rs)
+		}
+	}
+}

@@ -840,6 +840,17 @@ func (s *linkStream) waitHead(ctx context.Context, timeout <-chan time.Time) (ty
 	}
 }
 
+// controlTimeoutMS is the time a host is given for a control call whose
+// caller waits left: less, by a tenth (at most a second), so that the
+// answers of the actors that did answer (one hung actor among a host's
+// healthy ones, in a health check) arrive before the caller gives up on
+// them all. The host's answer is one frame, sent once every actor answered
+// or its time is up.
+func controlTimeoutMS(left time.Duration) uint32 {
+	left -= min(left/10, time.Second)
+	return uint32(max(min((left+time.Millisecond-1)/time.Millisecond, 1<<31), 1))
+}
+
 var errHeadTimeout = errors.New("the host did not begin its answer within ResponseHeaderTimeout (the config file's replica_timeout_s)")
 
 // control sends one control call for the actors idxs and waits for its
@@ -856,7 +867,7 @@ func (cc *hostLink) control(ctx context.Context, method string, payload []byte, 
 	defer cc.unregister(s)
 	var timeoutMS uint32
 	if dl, ok := ctx.Deadline(); ok {
-		timeoutMS = uint32(max(min((time.Until(dl)+time.Millisecond-1)/time.Millisecond, 1<<31), 1))
+		timeoutMS = controlTimeoutMS(time.Until(dl))
 	}
 
 	b, err := cc.w.lock()
