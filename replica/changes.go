@@ -104,7 +104,7 @@ func (d *Deployment) reconfigure(ctx context.Context, userConfig json.RawMessage
 	for _, r := range results {
 		switch {
 		case r.Err == nil:
-		case ctx.Err() != nil && errors.Is(r.Err, ctx.Err()):
+		case timedOut(ctx, r.Err):
 			unknown++
 		default:
 			failed++
@@ -138,7 +138,7 @@ func (d *Deployment) reconfigure(ctx context.Context, userConfig json.RawMessage
 				delete(d.refused, targets[i])
 				synced = true
 			}
-		case ctx.Err() != nil && errors.Is(r.Err, ctx.Err()):
+		case timedOut(ctx, r.Err):
 			// It may apply it later; it is given it again to be sure.
 			log.Warn().Str("replica", r.Actor).Msg("replica did not answer its reconfigure in time: it may apply it later, and is given it again at the next health check")
 			d.unsync[targets[i]] = true
@@ -165,6 +165,18 @@ func (d *Deployment) reconfigure(ctx context.Context, userConfig json.RawMessage
 	log.Info().Int("replicas", len(targets)).Int("failed", failed).Int("unknown", unknown).Msg("user_config reconfigured")
 	_ = d.topUpHeld(ctx) // a replacement that fails to start is logged and retried by the starter
 	return results, nil
+}
+
+// timedOut reports whether err is a replica's not answering a control
+// call within ctx: ctx's own error once it ended, or a replica host's
+// deadline, which comes a little before its caller's (see
+// controlTimeoutMS).
+func timedOut(ctx context.Context, err error) bool {
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return true
+	}
+	_, bounded := ctx.Deadline()
+	return bounded && errors.Is(err, context.DeadlineExceeded)
 }
 
 // Scale changes the number of replicas live: new replicas start (built
@@ -253,12 +265,12 @@ func (d *Deployment) SetTargets(targets []string) error {
 		return d.ctx.Err() // its dials cut short
 	}
 	// The health loop's repair may have connected one meanwhile (a target
-	// that failed before), or a later list left it.
+	// that failed before).
 	d.mu.Lock()
 	var late [][]Replica
 	adding, addConns, addErrs := fresh[:0:0], conns[:0:0], errs[:0:0]
 	for i, t := range fresh {
-		if !d.want[t] || d.connectedLocked(t) {
+		if d.connectedLocked(t) {
 			late = append(late, conns[i])
 			continue
 		}
@@ -270,7 +282,15 @@ func (d *Deployment) SetTargets(targets []string) error {
 	// Those kept leave as a new one joins in routing (addTargets).
 	addErrs, refused := d.connectTargets(adding, addConns, addErrs)
 	d.mu.Lock()
-	d.unconnected = nil
+	// Only this list's failures are replaced: the repair may have failed
+	// to connect one meanwhile, which it reported itself.
+	dialled := make(map[string]bool, len(fresh))
+	for _, t := range fresh {
+		dialled[t] = true
+	}
+	d.unconnected = slices.DeleteFunc(d.unconnected, func(te TargetError) bool {
+		return dialled[te.Target] || !d.want[te.Target]
+	})
 	for i, err := range addErrs {
 		if err != nil {
 			d.unconnected = append(d.unconnected, TargetError{Target: adding[i], Error: err.Error()})
@@ -540,6 +560,13 @@ func (d *Deployment) addTargets(fresh []string, conns [][]Replica, errs []error)
 			continue
 		}
 		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica added for its target")
+	}
+	for i, rs := range conns {
+		if errs[i] == nil && len(rs) > 0 {
+			// Connected: a repair's retry asked for before (a failed
+			// dial) would replace these fresh replicas.
+			delete(d.renew, fresh[i])
+		}
 	}
 	if len(joining) > 0 {
 		d.spec.NumReplicas = len(d.replicas)

@@ -481,6 +481,86 @@ func TestSetTargetsConnectedMeanwhileOnce(t *testing.T) {
 	}
 }
 
+// A target the repair failed to connect while a list dialled others stays
+// in Unconnected: the list replaces only its own targets' entries.
+func TestSetTargetsKeepsRepairsUnconnected(t *testing.T) {
+	var xCalls atomic.Int32
+	dialling, letDial := make(chan struct{}), make(chan struct{})
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a", "x"},
+		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			switch {
+			case target == "x" && xCalls.Add(1) > 1:
+				return nil, errors.New("x: connection refused")
+			case target == "slow":
+				close(dialling)
+				select {
+				case <-letDial:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			return []Replica{NewLocal(id, Echo{}, 1, onRelease)}, nil
+		}})
+	done := make(chan error, 1)
+	go func() { done <- d.SetTargets([]string{"a", "x", "slow"}) }()
+	<-dialling
+	if d.renewTarget(context.Background(), "x") {
+		t.Fatal("x connected again, want refused")
+	}
+	close(letDial)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if u := d.Unconnected(); len(u) != 1 || u[0].Target != "x" {
+		t.Fatalf("Unconnected() = %v, want x, which has no replica", u)
+	}
+}
+
+// A target a list connected is not replaced by a repair asked for while
+// it dialled (the repair's own dial of it failed meanwhile).
+func TestSetTargetsConnectedIsNotRenewed(t *testing.T) {
+	var bCalls atomic.Int32
+	dialling, letDial := make(chan struct{}), make(chan struct{})
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"},
+		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			if target == "b" {
+				switch bCalls.Add(1) {
+				case 1, 3: // down at the first list, and for the repair's retry
+					return nil, errors.New("b: connection refused")
+				case 2: // the next list's: slow, then up
+					close(dialling)
+					select {
+					case <-letDial:
+					case <-ctx.Done():
+						return nil, ctx.Err()
+					}
+				}
+			}
+			return []Replica{NewLocal(id, Echo{}, 1, onRelease)}, nil
+		}})
+	if err := d.SetTargets([]string{"a", "b"}); err == nil {
+		t.Fatal("b connected at the first list, want refused")
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.SetTargets([]string{"a", "b", "c"}) }()
+	<-dialling
+	d.mu.Lock()
+	clear(d.renew) // as the repair does before its retries
+	d.mu.Unlock()
+	if d.renewTarget(context.Background(), "b") {
+		t.Fatal("the repair connected b, want refused")
+	}
+	close(letDial)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	before := d.Replicas()
+	d.repair(context.Background())
+	if after := d.Replicas(); !slices.Equal(before, after) {
+		t.Fatalf("replicas %v after the next repair, want %v: b's, connected by the list, replaced", after, before)
+	}
+}
+
 // A list replaced whole (a DNS answer whose one pod was replaced between
 // two refreshes) keeps the old replicas in routing until the new ones are
 // connected: before, none were routable meanwhile, and every request got

@@ -822,13 +822,61 @@ func TestHostHungActorFailsItsCheckAlone(t *testing.T) {
 		for _, r := range rs {
 			if r.Err != nil {
 				failed++
-				if !errors.Is(r.Err, context.DeadlineExceeded) {
+				// Or the last round's check, cut at the host's deadline,
+				// still returning.
+				if !errors.Is(r.Err, context.DeadlineExceeded) && !errors.Is(r.Err, ErrCheckInFlight) {
 					t.Fatalf("round %d: %s: %v, want its deadline", round, r.Actor, r.Err)
 				}
 			}
 		}
 		if failed != 1 {
 			t.Fatalf("round %d: %d of 3 actors failed their checks, want the hung one alone: %v", round, failed, rs)
+		}
+	}
+}
+
+// A host actor's reconfigure that outlives its caller's deadline is no
+// rejection, as for an in-process replica: the host, given a tenth less
+// time, answers with its deadline while the caller's is still live, and
+// that was counted as every replica refusing (the old user_config put
+// back while the actors applied the new one).
+func TestHostReconfigureDeadlineIsNotRejection(t *testing.T) {
+	var mu sync.Mutex
+	var actors []*slowReconf
+	_, addr := startHost(t, HostConfig{Factory: func(json.RawMessage) (Handler, error) {
+		h := &slowReconf{delay: time.Second}
+		mu.Lock()
+		actors = append(actors, h)
+		mu.Unlock()
+		return h, nil
+	}, Replicas: 2, MaxOngoing: 1})
+	d := startDeployment(t, DeploymentSpec{Targets: []string{addr},
+		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			hc, err := ConnectHost(ctx, target, HostOptions{OnRelease: onRelease})
+			if err != nil {
+				return nil, err
+			}
+			t.Cleanup(hc.Close)
+			return hc.Replicas(), nil
+		}})
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if _, err := d.Reconfigure(ctx, json.RawMessage(`{"v":2}`)); err != nil {
+		t.Fatalf("Reconfigure past its deadline = %v, want no rejection", err)
+	}
+	if got := string(d.Spec().UserConfig); got != `{"v":2}` {
+		t.Fatalf("user_config after a slow reconfigure = %s, want the new one", got)
+	}
+	// As the actors did, a little later.
+	mu.Lock()
+	defer mu.Unlock()
+	for i, h := range actors {
+		deadline := time.Now().Add(10 * time.Second)
+		for h.seen.Load() == nil && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got, _ := h.seen.Load().(string); got != `{"v":2}` {
+			t.Fatalf("actor %d applied %q, want the new user_config", i, got)
 		}
 	}
 }
