@@ -155,6 +155,10 @@ type ReloadResult struct {
 	Problems []string `json:"problems,omitempty"`
 	// Failed lists the changes that were tried and failed, with why.
 	Failed []string `json:"failed,omitempty"`
+	// Warnings lists what the file sets that is not taken as it reads
+	// (an http_options value the environment overrides, say), as -check
+	// prints them: none of it stops the reload.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Proxy routes HTTP requests to applications' replicas.

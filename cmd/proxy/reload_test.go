@@ -44,6 +44,7 @@ type reloadResult struct {
 	Partial  []string `json:"partial"`
 	Problems []string `json:"problems"`
 	Failed   []string `json:"failed"`
+	Warnings []string `json:"warnings"`
 }
 
 func postReload(t *testing.T, c *http.Client, p *proc) (int, reloadResult) {
@@ -642,5 +643,25 @@ func TestReloadHostRefusingTheUserConfig(t *testing.T) {
 	if len(res.Partial) != 1 || !strings.Contains(res.Partial[0], "target "+bad2.addr+": 1 of its 1 replicas") || strings.Contains(res.Partial[0], "replica host "+dead) ||
 		len(res.Failed) != 1 || !strings.Contains(res.Failed[0], "replica host "+dead) || strings.Contains(res.Failed[0], "target "+bad2.addr) {
 		t.Errorf("reload adding a host that refuses and one that cannot be reached: %d %+v, want the first in partial, the second in failed", status, res)
+	}
+}
+
+// A file's http_options the environment overrides, edited, is no change,
+// and the answer says why, as -check does: it had answered "nothing
+// changed" with no word of the edit (a tester).
+func TestReloadWarnsOfOverriddenOptions(t *testing.T) {
+	file := func(timeout int) string {
+		return "http_options: {request_timeout_s: " + itoa(timeout) + "}\napplications:\n" +
+			"  - {name: a, route_prefix: /, deployments: [{name: d, handler: static}]}\n"
+	}
+	path := writeConfig(t, file(3))
+	p := startProxy(t, map[string]string{"PROXY_REQUEST_TIMEOUT": "5s"}, "-config", path)
+	if err := os.WriteFile(path, []byte(file(7)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	status, res := postReload(t, newClient(t, 1), p)
+	if status != http.StatusOK || len(res.Applied) != 0 || len(res.Warnings) != 1 ||
+		!strings.Contains(res.Warnings[0], "http_options.request_timeout_s: 7 is overridden by PROXY_REQUEST_TIMEOUT=5s") {
+		t.Fatalf("reload of an overridden request_timeout_s: %d %+v, want 200, nothing applied, a warning naming it", status, res)
 	}
 }

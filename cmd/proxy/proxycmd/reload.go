@@ -138,6 +138,12 @@ func (rl *reloader) Reload(ctx context.Context) proxy.ReloadResult {
 	case len(res.Partial) > 0:
 		ev, msg = rl.log.Warn().Strs("partial", res.Partial), "config reloaded, but not every replica took every change"
 	}
+	if len(res.Warnings) > 0 {
+		if len(res.Problems) == 0 && len(res.Failed) == 0 && len(res.Partial) == 0 {
+			ev = rl.log.Warn()
+		}
+		ev = ev.Strs("warnings", res.Warnings)
+	}
 	ev.Str("config", res.Config).Strs("applied", res.Applied).Msg(msg)
 	return res
 }
@@ -150,6 +156,14 @@ func (rl *reloader) reload(ctx context.Context) proxy.ReloadResult {
 		return res
 	}
 	next, problems := loadConfig(rl.path, rl.env, rl.reg, rl.checkedBefore)
+	if next != nil {
+		// As -check and the start tell them: a port the environment
+		// overrides is otherwise a file's edit that silently does nothing.
+		for _, w := range next.Warnings() {
+			w.File = displayName(rl.path)
+			res.Warnings = append(res.Warnings, w.Error())
+		}
+	}
 	if len(problems) > 0 {
 		res.Status = http.StatusBadRequest
 		for _, p := range problems {
