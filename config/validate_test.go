@@ -208,6 +208,12 @@ func TestParseErrors(t *testing.T) {
 		{"health_check_period_s a busy loop", withDeployment("        health_check_period_s: 0.000000001\n"), "applications[0].deployments[0].health_check_period_s", 6, "must be at least 0.1 seconds (a shorter period is a busy loop), got 1e-09"},
 		{"health_check_timeout_s negative", withDeployment("        health_check_timeout_s: -1\n"), "applications[0].deployments[0].health_check_timeout_s", 6, "must be > 0 and <= 9223372036 seconds, got -1"},
 		{"graceful_shutdown_timeout_s negative", withDeployment("        graceful_shutdown_timeout_s: -0.5\n"), "applications[0].deployments[0].graceful_shutdown_timeout_s", 6, "must be >= 0 and <= 9223372036 seconds, got -0.5"},
+		// Tags that ask for a meaning nothing gives them (a tester: !env
+		// HOME was the string "HOME").
+		{"tag in user_config", withDeployment("        user_config: {body: !env HOME}\n"), "applications[0].deployments[0].user_config.body", 6, "the YAML tag !env is not supported"},
+		{"binary in user_config", withDeployment("        user_config:\n          body: !!binary aGk=\n"), "applications[0].deployments[0].user_config.body", 7, "the YAML tag !!binary is not supported"},
+		{"tag behind an alias", withDeployment("        user_config:\n          a: &x !env HOME\n          b: *x\n"), "applications[0].deployments[0].user_config.a", 7, "the YAML tag !env is not supported"},
+		{"tag on a field", withDeployment("        num_replicas: !custom 3\n"), "applications[0].deployments[0].num_replicas", 6, "the YAML tag !custom is not supported"},
 		{"graceful_shutdown_timeout_s too large", withDeployment("        graceful_shutdown_timeout_s: 1.0e+10\n"), "applications[0].deployments[0].graceful_shutdown_timeout_s", 6, "got 1e+10"},
 	}
 	for _, tt := range tests {

@@ -276,6 +276,10 @@ func (d *decoder) value(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
 	if !d.spend(p, at) {
 		return
 	}
+	if tag := d.strangeTag(n); tag != "" {
+		d.fail(p, at, "%s", tagMessage(tag))
+		return
+	}
 	n = d.resolve(n)
 	if a, ok := n.(*ast.AliasNode); ok {
 		d.fail(p, at, "%s", d.aliasProblem(a))
@@ -462,6 +466,10 @@ func (d *decoder) json(buf *bytes.Buffer, n ast.Node, p fieldPath, at pos, depth
 	if !d.spend(p, at) {
 		return false
 	}
+	if tag := d.strangeTag(n); tag != "" {
+		d.fail(p, at, "%s", tagMessage(tag))
+		return false
+	}
 	n = d.resolve(n)
 	switch n := n.(type) {
 	case *ast.AliasNode:
@@ -624,6 +632,45 @@ func (d *decoder) mergeSources(mv *ast.MappingValueNode, p fieldPath, depth int)
 		}
 	}
 	return srcs
+}
+
+// coreTags are the YAML tags a config may carry: the core schema's, which
+// only say what kind of value follows. Any other (!env, !!binary, an
+// application's own) asks for a meaning nothing here gives it, and would
+// be dropped in silence: !env HOME read as the string "HOME".
+var coreTags = map[string]bool{"!!str": true, "!!int": true, "!!float": true, "!!bool": true, "!!null": true, "!!map": true, "!!seq": true}
+
+// strangeTag returns the first tag not in coreTags on n, or on the
+// anchors and aliases it leads through, or "".
+func (d *decoder) strangeTag(n ast.Node) string {
+	for range 16 {
+		switch t := n.(type) {
+		case *ast.AnchorNode:
+			n = t.Value
+		case *ast.AliasNode:
+			a := d.anchorFor(t)
+			if a == nil {
+				return ""
+			}
+			n = a.Value
+		case *ast.TagNode:
+			if tag := t.Start.Value; !coreTags[tag] {
+				return tag
+			}
+			n = t.Value
+		default:
+			return ""
+		}
+		if isNil(n) {
+			return ""
+		}
+	}
+	return ""
+}
+
+// tagMessage says why tag is refused.
+func tagMessage(tag string) string {
+	return fmt.Sprintf("the YAML tag %s is not supported: a config holds plain values (of the tags, only the core schema's !!str, !!int, !!float, !!bool, !!null, !!map and !!seq)", tag)
 }
 
 // resolve looks through anchors, aliases and the tags of collections to
