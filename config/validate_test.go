@@ -555,6 +555,27 @@ applications:
 	if err != nil || c.HTTPOptions.RequestTimeoutS != 1000 {
 		t.Errorf("request_timeout_s: 1e3 = %v, %v; want 1000", c.HTTPOptions.RequestTimeoutS, err)
 	}
+
+	// In a user_config too, such numbers are numbers: they were strings,
+	// which a handler refused as such ("want a number, got a JSON
+	// string", a tester).
+	c, err = Parse("test.yaml", []byte(withDeployment("        user_config: {a: 1e3, b: 99999999999999999999999, c: +5, d: -2.5E-1}\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(c.Applications[0].Deployments[0].UserConfig), `{"a":1000,"b":99999999999999999999999,"c":5,"d":-0.25}`; got != want {
+		t.Errorf("user_config = %s, want %s", got, want)
+	}
+	for _, tc := range []struct{ src, want string }{
+		{"        num_replicas: 08\n", "test.yaml:6: applications[0].deployments[0].num_replicas: must be an integer, got 08: a leading 0 makes YAML read an integer as octal, which has no 8 or 9: write it without the 0"},
+		{"        user_config: {ms: 09}\n", "test.yaml:6: applications[0].deployments[0].user_config.ms: got 09: a leading 0 makes YAML read an integer as octal, which has no 8 or 9: write it without the 0"},
+		{"        user_config: {ms: 1.5e400}\n", "test.yaml:6: applications[0].deployments[0].user_config.ms: got 1.5e400: out of range of a 64-bit float"},
+	} {
+		errs := parseErrors(t, withDeployment(tc.src))
+		if len(errs) != 1 || errs[0].Error() != tc.want {
+			t.Errorf("%q: got %v, want %s", tc.src, errs, tc.want)
+		}
+	}
 }
 
 // A key that is no plain name is quoted in the problem's path: one

@@ -382,8 +382,13 @@ func (d *decoder) scalar(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
 		i, ok, inRange := toInt(v)
 		got := describe(n)
 		if !ok && plainMatches(n, yamlInt) {
+			got = n.(*ast.StringNode).Value
+			if octalMistake(got) {
+				d.fail(p, at, "must be an integer, got %s: %s", got, octalMessage)
+				return
+			}
 			// Too long for the parser's integers.
-			ok, inRange, got = true, false, n.(*ast.StringNode).Value
+			ok, inRange = true, false
 		}
 		if ok {
 			if !inRange {
@@ -514,6 +519,18 @@ func (d *decoder) json(buf *bytes.Buffer, n ast.Node, p fieldPath, at pos, depth
 		}
 		buf.WriteByte(']')
 	default:
+		if plainMatches(n, yamlFloat) {
+			// A number the parser kept as a string (too large for its
+			// integers, or YAML 1.2's 1e3): a number still, as the
+			// fields read it, not the string the handler would refuse.
+			lit, problem := jsonNumber(n.(*ast.StringNode).Value)
+			if problem != "" {
+				d.fail(p, at, "%s", problem)
+				return false
+			}
+			buf.WriteString(lit)
+			return true
+		}
 		v, err := scalarValue(n)
 		if err != nil {
 			d.fail(p, at, "%s", errorMessage(err))
@@ -757,6 +774,39 @@ var (
 	yamlInt   = regexp.MustCompile(`^[-+]?[0-9]+$`)
 	yamlFloat = regexp.MustCompile(`^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$`)
 )
+
+// octalMistake reports whether v, an integer as yamlInt matches it, has a
+// leading 0 and an 8 or a 9: YAML 1.1 (and so the parser, and Serve's
+// PyYAML) reads a leading 0 as octal, and left this one a string.
+func octalMistake(v string) bool {
+	v = strings.TrimLeft(v, "+-")
+	return len(v) > 1 && v[0] == '0' && strings.ContainsAny(v, "89")
+}
+
+// octalMessage says why octalMistake's numbers are refused.
+const octalMessage = "a leading 0 makes YAML read an integer as octal, which has no 8 or 9: write it without the 0"
+
+// jsonNumber returns v, a number as yamlFloat matches it that the parser
+// kept as a string, as a JSON number: an integer's digits as they are
+// (JSON bounds none; the handler says if it is too large for it), a
+// float's value; or why it is none.
+func jsonNumber(v string) (lit, problem string) {
+	if yamlInt.MatchString(v) {
+		if octalMistake(v) {
+			return "", fmt.Sprintf("got %s: %s", v, octalMessage)
+		}
+		v = strings.TrimPrefix(v, "+")
+		if digits := strings.TrimPrefix(v, "-"); len(digits) > 1 && digits[0] == '0' {
+			return "", fmt.Sprintf("got %s: a leading 0 makes YAML read an integer as octal: write it without the 0", v)
+		}
+		return v, ""
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return "", fmt.Sprintf("got %s: out of range of a 64-bit float", clippedValue(v))
+	}
+	return strconv.FormatFloat(f, 'g', -1, 64), ""
+}
 
 // plainMatches reports whether n is an unquoted string that re matches.
 func plainMatches(n ast.Node, re *regexp.Regexp) bool {
