@@ -370,12 +370,22 @@ func (v *validator) handlerKind(d *Deployment, p fieldPath) {
 		if len(d.Command) == 0 || d.Command[0] == "" {
 			v.report(p.child("command"), `handler "command" needs command: the program and its arguments, a list`)
 		}
+		seen := make(map[string]int, len(d.Env))
 		for i, e := range d.Env {
-			switch k, _, ok := strings.Cut(e, "="); {
+			k, _, ok := strings.Cut(e, "=")
+			first, again := seen[k]
+			switch {
 			case !ok || k == "":
 				v.report(p.child("env").at(i), "must be KEY=VALUE, got %q", e)
+			case strings.IndexFunc(k, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
+				v.report(p.child("env").at(i), "must be KEY=VALUE with no space or control character in the KEY, got %q", k)
 			case k == "PORT" || k == "REPLICA_ID":
 				v.report(p.child("env").at(i), "sets %s, which the proxy sets for each replica (use $(%s) in a value or an argument)", k, k)
+			case again:
+				// The last would win, in silence.
+				v.report(p.child("env").at(i), "sets %s again (env[%d] sets it too)", k, first)
+			default:
+				seen[k] = i
 			}
 		}
 		if d.UserConfig != nil {

@@ -153,6 +153,8 @@ func TestParseErrors(t *testing.T) {
 		{"host without hosts", kindDeployment("host", ""), "applications[0].deployments[0].hosts", 4, `needs hosts (the host:port of each replica host, cmd/replica) or discovery`},
 		{"host both", kindDeployment("host", "        hosts: [\"a:1\"]\n        discovery: dns://hosts.local:9001\n"), "applications[0].deployments[0].discovery", 7, "give hosts or discovery, not both"},
 		{"host discovery no port", kindDeployment("host", "        discovery: dns://hosts.local\n"), "applications[0].deployments[0].discovery", 6, "dns://name:port"},
+		{"env key twice", kindDeployment("command", "        command: [./x]\n        env: [A=1, B=2, A=3]\n"), "applications[0].deployments[0].env[2]", 7, "sets A again (env[0] sets it too)"},
+		{"env key with a space", kindDeployment("command", "        command: [./x]\n        env: [\" Y=1\"]\n"), "applications[0].deployments[0].env[0]", 7, `no space or control character in the KEY, got " Y"`},
 		{"discovery_server on command", kindDeployment("command", "        command: [./x]\n        discovery_server: 127.0.0.1:53\n"), "applications[0].deployments[0].discovery_server", 7, `is only for handlers "upstream" and "host"`},
 		{"discovery without its slashes", kindDeployment("upstream", "        discovery: dns:a.test:80\n"), "applications[0].deployments[0].discovery", 6, "must be dns://name..., the name right after the two slashes"},
 		{"discovery with three slashes", kindDeployment("upstream", "        discovery: dns:///a.test:80\n"), "applications[0].deployments[0].discovery", 6, "must be dns://name..., the name right after the two slashes"},
