@@ -681,6 +681,53 @@ func TestScaleSomeStartsFail(t *testing.T) {
 	}
 }
 
+// exitingLocal is an in-process replica that can "exit", as a process.
+type exitingLocal struct {
+	*Local
+	exited chan struct{}
+}
+
+func (e *exitingLocal) Exited() <-chan struct{} { return e.exited }
+
+// A replica that exits after the deployment gave up starting the others
+// is replaced all the same, with one more series of rounds: before, its
+// exit was logged "replacing it" and nothing started, the deployment left
+// with none until num_replicas was set again (a tester: the program was
+// back by then).
+func TestExitAfterGivingUpStartsAgain(t *testing.T) {
+	var calls atomic.Int32
+	var back atomic.Bool
+	first := make(chan *exitingLocal, 1)
+	d := startDeployment(t, DeploymentSpec{NumReplicas: 2, MaxConstructorRetryCount: 2,
+		Start: func(_ context.Context, id string, onRelease func()) (Replica, error) {
+			if calls.Add(1) == 1 {
+				r := &exitingLocal{Local: NewLocal(id, Echo{}, 1, onRelease), exited: make(chan struct{})}
+				first <- r
+				return r, nil
+			}
+			if !back.Load() {
+				return nil, errors.New("fork/exec ./server: no such file or directory")
+			}
+			return NewLocal(id, Echo{}, 1, onRelease), nil
+		}})
+	deadline := time.Now().Add(10 * time.Second)
+	for !d.GaveUp() {
+		if time.Now().After(deadline) {
+			t.Fatal("the deployment never gave up starting its second replica")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	back.Store(true)
+	close((<-first).exited)
+	deadline = time.Now().Add(10 * time.Second)
+	for d.Running() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d running 10 s after a replica exited, the program back; want 2 (gave up: %v)", d.Running(), d.GaveUp())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // Settled is for good once reached: a deployment that gave up stays
 // settled when a Scale starts the attempts again, and one that follows
 // targets is settled at Start even with none.

@@ -427,7 +427,17 @@ func (d *Deployment) watchExitLocked(r Replica) {
 				d.quickExits = 0
 			}
 		}
-		ev.Str("exit", how).Msg("replica process exited: replacing it")
+		msg := "replica process exited: replacing it"
+		if d.gaveUp {
+			// It served since the deployment gave up starting others:
+			// its exit is news, and the program may be back (a tester
+			// put back a deleted binary, and the deployment went to
+			// none, "replacing it" logged). One more series of rounds,
+			// bounded as the first.
+			d.gaveUp, d.startFailures = false, 0
+			msg = "replica process exited: replacing it (the deployment had given up starting replicas: trying again)"
+		}
+		ev.Str("exit", how).Msg(msg)
 		d.retireLocked(r)
 	}()
 }
