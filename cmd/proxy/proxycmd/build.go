@@ -1,18 +1,12 @@
 package proxycmd
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -392,77 +386,4 @@ func hostSpec(spec *replica.DeploymentSpec, d config.Deployment, e config.Env, l
 			}
 		}
 	}, nil, nil
-}
-
-// checkWorkingDir reports a working_dir that is not a directory there is
-// (at start it would read as the program missing).
-func checkWorkingDir(dir string) error {
-	if dir == "" {
-		return nil
-	}
-	fi, err := os.Stat(dir)
-	switch {
-	case err != nil:
-		return fmt.Errorf("%q: %v", dir, errors.Unwrap(err))
-	case !fi.IsDir():
-		return fmt.Errorf("%q is not a directory", dir)
-	}
-	return nil
-}
-
-// checkCommand reports a command whose program cannot be found, at -check
-// and before anything starts.
-func checkCommand(d config.Deployment) error {
-	if len(d.Command) == 0 {
-		return errors.New("no program given")
-	}
-	prog := d.Command[0]
-	if !strings.Contains(prog, "/") {
-		path, err := exec.LookPath(prog)
-		if err != nil {
-			return fmt.Errorf("program %q not found on PATH", prog)
-		}
-		return checkInterpreter(prog, path)
-	}
-	if !filepath.IsAbs(prog) && d.WorkingDir != "" {
-		prog = filepath.Join(d.WorkingDir, prog)
-	}
-	path, err := exec.LookPath(prog)
-	if err != nil {
-		cause := errors.Unwrap(err)
-		if pe, ok := errors.AsType[*fs.PathError](err); ok {
-			cause = pe.Err // the path is said below
-		}
-		if prog != d.Command[0] {
-			return fmt.Errorf("program %q (%s, in working_dir): %v", d.Command[0], prog, cause)
-		}
-		return fmt.Errorf("program %q: %v", d.Command[0], cause)
-	}
-	return checkInterpreter(d.Command[0], path)
-}
-
-// checkInterpreter reports a script whose #! line names an interpreter
-// that is not there: starting it fails with "no such file or directory",
-// which reads as the script itself missing.
-func checkInterpreter(prog, path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil // exec will say
-	}
-	defer f.Close()
-	head := make([]byte, 256)
-	n, _ := io.ReadFull(f, head)
-	line, _, _ := bytes.Cut(head[:n], []byte("\n"))
-	rest, ok := bytes.CutPrefix(line, []byte("#!"))
-	if !ok {
-		return nil
-	}
-	fields := strings.Fields(string(rest))
-	if len(fields) == 0 || !filepath.IsAbs(fields[0]) {
-		return nil
-	}
-	if _, err := os.Stat(fields[0]); err != nil {
-		return fmt.Errorf("program %q: its #! line names the interpreter %q, which does not exist", prog, fields[0])
-	}
-	return nil
 }
