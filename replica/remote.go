@@ -115,11 +115,16 @@ func StartCommandReplica(ctx context.Context, id string, po ProcessOptions, uo U
 	var last error
 	for {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		last = u.CheckHealth(cctx)
+		err := u.CheckHealth(cctx)
 		cancel()
-		if last == nil {
+		if err == nil {
 			r.healthyAt = time.Now()
 			return r, nil
+		}
+		// A check the start's own deadline cut short says less than the
+		// one before it (a 500, say): that one is kept for the error.
+		if last == nil || ctx.Err() == nil {
+			last = err
 		}
 		select {
 		case <-p.Done():
