@@ -276,11 +276,11 @@ func (d *decoder) value(dst reflect.Value, n ast.Node, p fieldPath, at pos) {
 	if !d.spend(p, at) {
 		return
 	}
-	if tag := d.strangeTag(n); tag != "" {
+	n, tag := d.follow(n)
+	if tag != "" {
 		d.fail(p, at, "%s", tagMessage(tag))
 		return
 	}
-	n = d.resolve(n)
 	if a, ok := n.(*ast.AliasNode); ok {
 		d.fail(p, at, "%s", d.aliasProblem(a))
 		return
@@ -471,11 +471,11 @@ func (d *decoder) json(buf *bytes.Buffer, n ast.Node, p fieldPath, at pos, depth
 	if !d.spend(p, at) {
 		return false
 	}
-	if tag := d.strangeTag(n); tag != "" {
+	n, tag := d.follow(n)
+	if tag != "" {
 		d.fail(p, at, "%s", tagMessage(tag))
 		return false
 	}
-	n = d.resolve(n)
 	switch n := n.(type) {
 	case *ast.AliasNode:
 		d.fail(p, at, "%s", d.aliasProblem(n))
@@ -657,34 +657,6 @@ func (d *decoder) mergeSources(mv *ast.MappingValueNode, p fieldPath, depth int)
 // be dropped in silence: !env HOME read as the string "HOME".
 var coreTags = map[string]bool{"!!str": true, "!!int": true, "!!float": true, "!!bool": true, "!!null": true, "!!map": true, "!!seq": true}
 
-// strangeTag returns the first tag not in coreTags on n, or on the
-// anchors and aliases it leads through, or "".
-func (d *decoder) strangeTag(n ast.Node) string {
-	for range 16 {
-		switch t := n.(type) {
-		case *ast.AnchorNode:
-			n = t.Value
-		case *ast.AliasNode:
-			a := d.anchorFor(t)
-			if a == nil {
-				return ""
-			}
-			n = a.Value
-		case *ast.TagNode:
-			if tag := t.Start.Value; !coreTags[tag] {
-				return tag
-			}
-			n = t.Value
-		default:
-			return ""
-		}
-		if isNil(n) {
-			return ""
-		}
-	}
-	return ""
-}
-
 // tagMessage says why tag is refused.
 func tagMessage(tag string) string {
 	return fmt.Sprintf("the YAML tag %s is not supported: a config holds plain values (of the tags, only the core schema's !!str, !!int, !!float, !!bool, !!null, !!map and !!seq)", tag)
@@ -695,9 +667,16 @@ func tagMessage(tag string) string {
 // before it is returned as is. The bound stops chains that lead back to
 // themselves.
 func (d *decoder) resolve(n ast.Node) ast.Node {
+	n, _ = d.follow(n)
+	return n
+}
+
+// follow is resolve, and returns too the first tag on the way that is not
+// in coreTags, or "".
+func (d *decoder) follow(n ast.Node) (_ ast.Node, strange string) {
 	for range 16 {
 		if isNil(n) {
-			return nil // a missing value is a null
+			return nil, strange // a missing value is a null
 		}
 		switch t := n.(type) {
 		case *ast.AnchorNode:
@@ -705,21 +684,24 @@ func (d *decoder) resolve(n ast.Node) ast.Node {
 		case *ast.AliasNode:
 			a := d.anchorFor(t)
 			if a == nil {
-				return t
+				return t, strange
 			}
 			n = a.Value
 		case *ast.TagNode:
+			if tag := t.Start.Value; strange == "" && !coreTags[tag] {
+				strange = tag
+			}
 			// Scalars keep their tag (!!str 1 is a string); scalarValue
 			// reads it.
 			if t.Value == nil || !isCollection(d.resolve(t.Value)) {
-				return t
+				return t, strange
 			}
 			n = t.Value
 		default:
-			return n
+			return n, strange
 		}
 	}
-	return n
+	return n, strange
 }
 
 // aliasProblem says why an alias that resolve left unresolved is wrong.
