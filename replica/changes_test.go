@@ -399,31 +399,49 @@ func TestSetTargetsSlowConnect(t *testing.T) {
 	}
 }
 
+// gate holds a connect until the test opens it: reached is closed when
+// the connect gets there.
+type gate struct {
+	reached, opened chan struct{}
+	once            sync.Once
+}
+
+func newGate() *gate { return &gate{reached: make(chan struct{}), opened: make(chan struct{})} }
+
+// wait is the connect's side: it says it got there, then waits until the
+// gate opens or ctx ends.
+func (g *gate) wait(ctx context.Context) error {
+	close(g.reached)
+	select {
+	case <-g.opened:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// open lets the connect through; once or more.
+func (g *gate) open() { g.once.Do(func() { close(g.opened) }) }
+
 // A target that takes long to connect (a replica host that accepts and
 // never says hello, dialled again at every DNS answer while it is listed)
 // holds up no reconfigure meanwhile: the dial runs without the
 // deployment's control. Before, each Reconfigure or PUT waited for the
 // dial's timeout, 5 s.
 func TestSetTargetsDialHoldsNoControl(t *testing.T) {
-	connecting, proceed := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	letConnect := func() { once.Do(func() { close(proceed) }) }
+	slow := newGate()
 	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"},
 		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
 			if target == "slow" {
-				close(connecting)
-				select {
-				case <-proceed:
-				case <-ctx.Done():
-					return nil, ctx.Err()
+				if err := slow.wait(ctx); err != nil {
+					return nil, err
 				}
 			}
 			return []Replica{NewLocal(id, Echo{}, 1, onRelease)}, nil
 		}})
-	t.Cleanup(letConnect)
 	done := make(chan error, 1)
 	go func() { done <- d.SetTargets([]string{"a", "slow"}) }()
-	<-connecting
+	<-slow.reached
 	reconfigured := make(chan error, 1)
 	go func() {
 		_, err := d.Reconfigure(context.Background(), json.RawMessage(`{"k": 1}`))
@@ -436,7 +454,7 @@ func TestSetTargetsDialHoldsNoControl(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Reconfigure waited for a target's dial")
 	}
-	letConnect()
+	slow.open()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -448,19 +466,20 @@ func TestSetTargetsDialHoldsNoControl(t *testing.T) {
 // A target that the health loop's repair connected while a list dialled it
 // too is connected once.
 func TestSetTargetsConnectedMeanwhileOnce(t *testing.T) {
-	connecting, proceed := make(chan struct{}), make(chan struct{})
+	listDial := newGate()
 	var calls atomic.Int32
 	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"},
 		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
 			if target == "b" && calls.Add(1) == 1 {
-				close(connecting)
-				<-proceed
+				if err := listDial.wait(ctx); err != nil {
+					return nil, err
+				}
 			}
 			return []Replica{NewLocal(id, Echo{}, 1, onRelease)}, nil
 		}})
 	done := make(chan error, 1)
 	go func() { done <- d.SetTargets([]string{"a", "b"}) }()
-	<-connecting
+	<-listDial.reached
 	renewed := make(chan bool, 1)
 	go func() { renewed <- d.renewTarget(context.Background(), "b") }()
 	select {
@@ -469,10 +488,10 @@ func TestSetTargetsConnectedMeanwhileOnce(t *testing.T) {
 			t.Fatal("the repair did not connect b while the list's dial of it waited")
 		}
 	case <-time.After(10 * time.Second):
-		close(proceed)
+		listDial.open()
 		t.Fatal("the repair waited for the list's dial")
 	}
-	close(proceed)
+	listDial.open()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -485,29 +504,26 @@ func TestSetTargetsConnectedMeanwhileOnce(t *testing.T) {
 // in Unconnected: the list replaces only its own targets' entries.
 func TestSetTargetsKeepsRepairsUnconnected(t *testing.T) {
 	var xCalls atomic.Int32
-	dialling, letDial := make(chan struct{}), make(chan struct{})
+	slow := newGate()
 	d := startDeployment(t, DeploymentSpec{Targets: []string{"a", "x"},
 		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
 			switch {
 			case target == "x" && xCalls.Add(1) > 1:
 				return nil, errors.New("x: connection refused")
 			case target == "slow":
-				close(dialling)
-				select {
-				case <-letDial:
-				case <-ctx.Done():
-					return nil, ctx.Err()
+				if err := slow.wait(ctx); err != nil {
+					return nil, err
 				}
 			}
 			return []Replica{NewLocal(id, Echo{}, 1, onRelease)}, nil
 		}})
 	done := make(chan error, 1)
 	go func() { done <- d.SetTargets([]string{"a", "x", "slow"}) }()
-	<-dialling
+	<-slow.reached
 	if d.renewTarget(context.Background(), "x") {
 		t.Fatal("x connected again, want refused")
 	}
-	close(letDial)
+	slow.open()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -520,7 +536,7 @@ func TestSetTargetsKeepsRepairsUnconnected(t *testing.T) {
 // it dialled (the repair's own dial of it failed meanwhile).
 func TestSetTargetsConnectedIsNotRenewed(t *testing.T) {
 	var bCalls atomic.Int32
-	dialling, letDial := make(chan struct{}), make(chan struct{})
+	listDial := newGate()
 	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"},
 		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
 			if target == "b" {
@@ -528,11 +544,8 @@ func TestSetTargetsConnectedIsNotRenewed(t *testing.T) {
 				case 1, 3: // down at the first list, and for the repair's retry
 					return nil, errors.New("b: connection refused")
 				case 2: // the next list's: slow, then up
-					close(dialling)
-					select {
-					case <-letDial:
-					case <-ctx.Done():
-						return nil, ctx.Err()
+					if err := listDial.wait(ctx); err != nil {
+						return nil, err
 					}
 				}
 			}
@@ -543,14 +556,14 @@ func TestSetTargetsConnectedIsNotRenewed(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- d.SetTargets([]string{"a", "b", "c"}) }()
-	<-dialling
+	<-listDial.reached
 	d.mu.Lock()
 	clear(d.renew) // as the repair does before its retries
 	d.mu.Unlock()
 	if d.renewTarget(context.Background(), "b") {
 		t.Fatal("the repair connected b, want refused")
 	}
-	close(letDial)
+	listDial.open()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -567,26 +580,24 @@ func TestSetTargetsConnectedIsNotRenewed(t *testing.T) {
 // 503 (an exploratory run saw 28 of 616 during reloads that swapped a
 // one-upstream list).
 func TestSetTargetsReplacedWholeMakesBeforeBreak(t *testing.T) {
-	connecting, proceed := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	letConnect := func() { once.Do(func() { close(proceed) }) }
+	c := newGate()
 	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"},
 		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
 			if target == "c" {
-				close(connecting)
-				<-proceed
+				if err := c.wait(ctx); err != nil {
+					return nil, err
+				}
 			}
 			return []Replica{NewLocal(id, Echo{}, 1, onRelease)}, nil
 		}})
-	t.Cleanup(letConnect) // runs before the deployment's Stop, which waits for the connect
 	old := d.Replicas()
 	done := make(chan error, 1)
 	go func() { done <- d.SetTargets([]string{"c"}) }()
-	<-connecting
+	<-c.reached
 	if got := d.Replicas(); len(got) != 1 || got[0] != old[0] {
 		t.Fatalf("replicas while the new target connects: %v, want the old one still routed", got)
 	}
-	letConnect()
+	c.open()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
