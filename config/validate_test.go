@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -528,6 +529,27 @@ applications: []
 		if !strings.HasPrefix(got[i], w) {
 			t.Errorf("problem %d = %q, want %q...", i, got[i], w)
 		}
+	}
+}
+
+// A key given twice keeps its first value, which is checked as any: a
+// second applications key had hidden every problem of the first list.
+func TestDuplicateKeyStillChecksTheFirst(t *testing.T) {
+	errs := parseErrors(t, `applications:
+  - name: a
+    deployments: [{name: d, handler: static, num_replicas: 0}]
+applications: []
+`)
+	want := []string{
+		"test.yaml:3: applications[0].deployments[0].num_replicas: must be in [1, 10000], got 0",
+		"test.yaml:4: applications: duplicate key (also on line 1)",
+	}
+	var got []string
+	for _, e := range errs {
+		got = append(got, e.Error())
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 

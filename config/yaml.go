@@ -246,9 +246,17 @@ func (d *decoder) collectAnchors(n ast.Node, open []*ast.AnchorNode) {
 	}
 }
 
+// fail reports a problem with the value at p, which validation then
+// skips: it holds its default, not what the file says.
 func (d *decoder) fail(p fieldPath, at pos, format string, args ...any) {
-	d.errs = append(d.errs, located{FieldError{File: d.name, Line: at.line, Field: p.String(), Msg: fmt.Sprintf(format, args...)}, at})
+	d.report(p, at, format, args...)
 	d.failed = append(d.failed, p)
+}
+
+// report reports a problem at p whose value was decoded all the same
+// (a key given twice: its first value), which validation goes on to check.
+func (d *decoder) report(p fieldPath, at pos, format string, args ...any) {
+	d.errs = append(d.errs, located{FieldError{File: d.name, Line: at.line, Field: p.String(), Msg: fmt.Sprintf(format, args...)}, at})
 }
 
 // posOf returns the position of the deepest part of p that is in the file:
@@ -616,7 +624,9 @@ func (d *decoder) entries(n ast.Node, p fieldPath, at pos, depth int) ([]entry, 
 			if i := slices.IndexFunc(out, func(e entry) bool { return e.key == key }); i >= 0 {
 				msg = fmt.Sprintf("duplicate key (also on line %d)", out[i].at.line)
 			}
-			d.fail(p.child(key), posOf(mv.Key), "%s", msg)
+			// The first is decoded, and checked: a second applications
+			// key hid every problem of the first list (a tester).
+			d.report(p.child(key), posOf(mv.Key), "%s", msg)
 			continue
 		}
 		seen[key] = true
