@@ -35,6 +35,9 @@ type trackedBody struct {
 	// cut is set when a read failed at the handler's own deadline: as
 	// after a timed out one, the rest is not read.
 	cut atomic.Bool
+	// gone is set when a read failed for the connection closing or
+	// breaking before the body's end (see connectionGone).
+	gone atomic.Bool
 	// readDeadline is the deadline of the read in progress (Unix
 	// nanoseconds), 0 when none is: see stalled. handlerDeadline is the
 	// read deadline the handler set itself, 0 if none (see
@@ -78,6 +81,9 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 	}
 	n, err := b.rc.Read(p)
 	b.got.Add(int64(n))
+	if err != nil && err != io.EOF && connectionGone(err) {
+		b.gone.Store(true)
+	}
 	switch {
 	case err == io.EOF:
 		b.eof.Store(true)
@@ -240,6 +246,10 @@ func (sw *statusWriter) settleBody(handlerDone bool) error {
 func connectionGone(err error) bool {
 	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, net.ErrClosed)
 }
+
+// errClientLeftMidBody is why a request whose client's connection closed
+// (or half-closed) before the end of the body it declared is a 499.
+var errClientLeftMidBody = errors.New("the client left before the end of its request body")
 
 // errClientLeftDuringBody is why a request whose answer was ready got
 // none: its client left while the rest of its body was read (settleBody).

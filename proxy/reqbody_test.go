@@ -326,6 +326,52 @@ func TestUnreadBodyWaitIsRecorded(t *testing.T) {
 	}
 }
 
+// A client that leaves (or half-closes) before the end of the body it
+// declared is a 499 with no bytes on a route whose handler reads the body
+// too, as on one whose handler does not (above): a tester saw the echo
+// handler's 400 for the short read recorded instead.
+func TestClientGoneMidBodyReadIs499(t *testing.T) {
+	readAll := handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			http.Error(w, "reading request body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	tp := startProxy(t, Options{ClientBodyTimeout: time.Minute}, testDeployment{app: "echo", prefix: "/", factory: readAll}) // the binary's default
+	for _, how := range []string{"closed", "half-closed"} {
+		c := dialProxy(t, tp)
+		_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nX-Request-Id: "+how+"\r\nContent-Length: 1000\r\n\r\n0123456789")
+		time.Sleep(100 * time.Millisecond)
+		if how == "closed" {
+			c.Close()
+		} else {
+			_ = c.(*net.TCPConn).CloseWrite()
+			if b, _ := io.ReadAll(c); len(b) != 0 {
+				t.Errorf("half-closed: got %q, want nothing", b)
+			}
+			c.Close()
+		}
+	}
+	lines := map[string]map[string]any{}
+	waitFor(t, "two access-log lines", func() bool {
+		for l := range strings.Lines(tp.access.String()) {
+			var line map[string]any
+			if json.Unmarshal([]byte(l), &line) == nil {
+				if id, _ := line["request_id"].(string); id != "" {
+					lines[id] = line
+				}
+			}
+		}
+		return len(lines) == 2
+	})
+	for how, l := range lines {
+		if msg, _ := l["error"].(string); l["status"] != float64(StatusClientClosedRequest) || l["bytes"] != float64(0) || !strings.Contains(msg, "client left before the end of its request body") {
+			t.Errorf("%s mid-body: %v, want a 499 with no bytes, saying why", how, l)
+		}
+	}
+}
+
 // PROXY_REQUEST_TIMEOUT bounds the read of a body the handler left unread
 // too, end to end: at it the answer goes out, closing the connection (a
 // tester: a static handler's answer waited 2.5 s for the body with a

@@ -141,3 +141,25 @@ func TestClientGoneMidAnswer499(t *testing.T) {
 		t.Fatalf("access log %q, want 499", line)
 	}
 }
+
+// The request timeout cuts a write in progress to a client that reads
+// slowly, or not at all: the request is a 408 at its deadline, its
+// connection cut. Before, the deadline waited for the write to end (a
+// tester's 20 MB echo to a slow reader stood as a 200 at three times its
+// timeout; one to a client that read nothing, a 499 at the send timeout).
+func TestRequestTimeoutCutsAWriteInProgress(t *testing.T) {
+	td := testDeployment{app: "a", prefix: "/", maxOngoing: 1, factory: handlerFunc(writeBytes)}
+	tp := startProxy(t, Options{RequestTimeout: 300 * time.Millisecond, ClientSendTimeout: time.Minute}, td)
+	start := time.Now()
+	stalledReader(t, tp)
+	waitFor(t, "the stalled request's line", func() bool { return strings.Contains(tp.access.String(), `"status":`) })
+	line := tp.access.String()
+	if !strings.Contains(line, `"status":408`) {
+		t.Fatalf("access log %q, want a 408", line)
+	}
+	t.Logf("recorded %v after the request", time.Since(start).Round(time.Millisecond))
+	res, body := get(t, tp.url+"/small?bytes=10")
+	if res.StatusCode != http.StatusOK || body != strings.Repeat("x", 10) {
+		t.Fatalf("next request: %d %q, want 200 and its body: the slot is free", res.StatusCode, body)
+	}
+}

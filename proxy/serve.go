@@ -131,6 +131,20 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 		}()
 	}
 	res := p.route(sw, hr, start)
+	if b := sw.reqBody; b != nil && b.gone.Load() && sw.switchedAt.IsZero() {
+		// Its client left (or half-closed) before the end of the body it
+		// declared: whatever the handler made of the short read (echo
+		// answers 400), it is a 499 and gets nothing, as when the
+		// handler left the body unread (settleBody). A tester saw 400s
+		// for it on the routes that read bodies, 499s on the others.
+		if res.status != StatusClientClosedRequest {
+			res.status, res.abort, res.err = StatusClientClosedRequest, true, nil
+			sw.sent = 0 // still in net/http's buffer, dropped with the connection
+		}
+		if res.err == nil {
+			res.err = fmt.Errorf("%w (%d bytes of it came)", errClientLeftMidBody, b.got.Load())
+		}
+	}
 	if sw.sendArmed && !res.abort && sw.switchedAt.IsZero() {
 		sw.endSend()
 	}
@@ -412,13 +426,18 @@ func (p *Proxy) serveWithDeadline(ctx context.Context, h replica.Handle, release
 		return false, err
 	case <-ctx.Done():
 	}
-	if dw.close() {
+	hijacked, cut := dw.close()
+	if hijacked {
 		// A WebSocket, say: the deadline was its handshake's, and its
 		// handler has the connection now. Its slot is held until it ends.
 		return false, <-done
 	}
 	select {
 	case err := <-done:
+		if cut {
+			// Its answer was being written, and is cut short.
+			return false, ctx.Err()
+		}
 		// It finished just as the deadline passed: its answer stands if
 		// it began (the proxy answers 408 if not, so its header stays
 		// out).
@@ -548,7 +567,7 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 		replica:    replicaID,
 		remoteAddr: r.RemoteAddr,
 	}
-	if res.err != nil && (res.status >= 500 || res.status == http.StatusSwitchingProtocols || res.sendTimedOut || errors.Is(res.err, errClientLeftDuringBody)) {
+	if res.err != nil && (res.status >= 500 || res.status == http.StatusSwitchingProtocols || res.sendTimedOut || errors.Is(res.err, errClientLeftDuringBody) || errors.Is(res.err, errClientLeftMidBody)) {
 		// Why: a replica's 500, 502 or 504, a WebSocket's replica gone, a
 		// client that stopped reading, or one that left before its
 		// answer, ready, could go out.
