@@ -145,7 +145,9 @@ func (r *Result) WriteText(w io.Writer) error {
 	}
 	p("Body transferred:       %d bytes\n", r.Bytes)
 	p("Requests per second:    %.2f [#/sec] (mean)\n", r.RequestsPerSec)
-	p("Time per request:       %.3f [ms] (mean)\n", ms(r.Mean))
+	if r.Completed > 0 {
+		p("Time per request:       %.3f [ms] (mean)\n", ms(r.Mean))
+	}
 	if r.Rate == 0 && r.RequestsPerSec > 0 {
 		p("Time per request:       %.3f [ms] (mean, across all concurrent requests)\n", 1000/r.RequestsPerSec)
 	}
@@ -163,7 +165,12 @@ func (r *Result) WriteText(w io.Writer) error {
 	}
 	p("\nLatency (ms)\n")
 	p("              min    mean     max\n")
-	p("Total:   %7.3f %7.3f %7.3f\n", ms(r.Min), ms(r.Mean), ms(r.Max))
+	if r.Completed > 0 {
+		p("Total:   %7.3f %7.3f %7.3f\n", ms(r.Min), ms(r.Mean), ms(r.Max))
+	} else {
+		// No response, so no min or mean: 0 would read as one.
+		p("Total:   %7s %7s %7.3f\n", "-", "-", ms(r.Max))
+	}
 	if r.Cancelled > 0 {
 		p("\nPercentage of the requests served (or, cancelled, waiting) within a certain time (ms)\n")
 	} else {
@@ -224,9 +231,11 @@ type Report struct {
 
 // LatencyReport is a Report's latencies, in float milliseconds.
 type LatencyReport struct {
-	Mean float64 `json:"mean"`
-	Min  float64 `json:"min"`
-	Max  float64 `json:"max"`
+	// Mean and Min are of the responses: null when there was none
+	// (every request failed or was cancelled).
+	Mean *float64 `json:"mean"`
+	Min  *float64 `json:"min"`
+	Max  float64  `json:"max"`
 	// Percentiles maps "p50", "p99.9", "p100" to milliseconds.
 	Percentiles map[string]float64 `json:"percentiles"`
 }
@@ -240,10 +249,14 @@ func (r *Result) Report() Report {
 		StatusCodes:    make(map[string]int64, len(r.StatusCodes)),
 		ElapsedSeconds: r.Elapsed.Seconds(), RequestsPerSec: r.RequestsPerSec,
 		Latency: LatencyReport{
-			Mean: ms(r.Mean), Min: ms(r.Min), Max: ms(r.Max),
+			Max:         ms(r.Max),
 			Percentiles: make(map[string]float64, len(r.Percentiles)),
 		},
 		Errors: make(map[string]int64, len(r.Errors)),
+	}
+	if r.Completed > 0 {
+		mean, lowest := ms(r.Mean), ms(r.Min)
+		rep.Latency.Mean, rep.Latency.Min = &mean, &lowest
 	}
 	if r.Rate > 0 {
 		rep.Rate = r.Rate

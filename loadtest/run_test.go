@@ -469,7 +469,7 @@ func TestJSON(t *testing.T) {
 	if rep.Completed != 30 || rep.Total != 30 || rep.StatusCodes["200"] != 30 || rep.Concurrency != 3 || !rep.KeepAlive {
 		t.Errorf("report %+v", rep)
 	}
-	if rep.Latency.Percentiles["p99.9"] <= 0 || rep.Latency.Percentiles["p100"] != ms(res.Max) || rep.Latency.Mean <= 0 {
+	if rep.Latency.Percentiles["p99.9"] <= 0 || rep.Latency.Percentiles["p100"] != ms(res.Max) || rep.Latency.Mean == nil || *rep.Latency.Mean <= 0 {
 		t.Errorf("latencies %+v", rep.Latency)
 	}
 	var raw map[string]any
@@ -489,4 +489,24 @@ func mustJSON(t *testing.T, res *Result) string {
 		t.Fatal(err)
 	}
 	return buf.String()
+}
+
+// A run with no response has no min or mean: the text says "-" and the
+// JSON null, where both said 0, which read as a latency (a tester).
+func TestNoResponseHasNoMinOrMean(t *testing.T) {
+	r := &Result{URL: "http://127.0.0.1:1/", Cancelled: 10, Max: 3 * time.Second,
+		Percentiles: []Percentile{{Quantile: 50, Latency: 3 * time.Second}}}
+	var text, js strings.Builder
+	if err := r.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "Total:         -       - 3000.000") || strings.Contains(text.String(), "Time per request") {
+		t.Errorf("text:\n%s\nwant min and mean as -, no mean time per request", text.String())
+	}
+	if err := r.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(js.String(), `"mean": null`) || !strings.Contains(js.String(), `"min": null`) {
+		t.Errorf("JSON %s, want null mean and min", js.String())
+	}
 }
