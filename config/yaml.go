@@ -527,16 +527,13 @@ func (d *decoder) json(buf *bytes.Buffer, n ast.Node, p fieldPath, at pos, depth
 		}
 		buf.WriteByte(']')
 	default:
-		if plainMatches(n, yamlFloat) {
-			// A number the parser kept as a string (too large for its
-			// integers, or YAML 1.2's 1e3): a number still, as the
-			// fields read it, not the string the handler would refuse.
-			lit, problem := jsonNumber(n.(*ast.StringNode).Value)
-			if problem != "" {
-				d.fail(p, at, "%s", problem)
-				return false
-			}
-			buf.WriteString(lit)
+		if v, ok := n.(*ast.StringNode); ok && plainMatches(n, yamlInt) && !leadingZero(v.Value) {
+			// An integer too large for the parser's: a number still, its
+			// digits as they are, as PyYAML (Serve's) reads it, not the
+			// string a handler would refuse as such. JSON bounds none;
+			// the handler says if it is too large for it. (1e3 and 08
+			// are strings, to PyYAML as here.)
+			buf.WriteString(strings.TrimPrefix(v.Value, "+"))
 			return true
 		}
 		v, err := scalarValue(n)
@@ -617,6 +614,10 @@ func (d *decoder) entries(n ast.Node, p fieldPath, at pos, depth int) ([]entry, 
 			continue
 		}
 		key := d.keyText(mv.Key)
+		if _, tag := d.follow(mv.Key); tag != "" {
+			d.fail(p.child(key), posOf(mv.Key), "%s (on the key)", tagMessage(tag))
+			continue
+		}
 		if seen[key] {
 			// Spellings the parser would tell apart, such as 1 and "1",
 			// included.
@@ -665,7 +666,12 @@ func (d *decoder) mergeSources(mv *ast.MappingValueNode, p fieldPath, depth int)
 // only say what kind of value follows. Any other (!env, !!binary, an
 // application's own) asks for a meaning nothing here gives it, and would
 // be dropped in silence: !env HOME read as the string "HOME".
-var coreTags = map[string]bool{"!!str": true, "!!int": true, "!!float": true, "!!bool": true, "!!null": true, "!!map": true, "!!seq": true}
+var coreTags = map[string]bool{
+	"!!str": true, "!!int": true, "!!float": true, "!!bool": true, "!!null": true, "!!map": true, "!!seq": true,
+	// The non-specific tag: ! 08 is the string "08". (The parser refuses
+	// the verbatim forms, !<tag:yaml.org,2002:str>, itself.)
+	"!": true,
+}
 
 // tagMessage says why tag is refused.
 func tagMessage(tag string) string {
@@ -778,26 +784,11 @@ func octalMistake(v string) bool {
 // octalMessage says why octalMistake's numbers are refused.
 const octalMessage = "a leading 0 makes YAML read an integer as octal, which has no 8 or 9: write it without the 0"
 
-// jsonNumber returns v, a number as yamlFloat matches it that the parser
-// kept as a string, as a JSON number: an integer's digits as they are
-// (JSON bounds none; the handler says if it is too large for it), a
-// float's value; or why it is none.
-func jsonNumber(v string) (lit, problem string) {
-	if yamlInt.MatchString(v) {
-		if octalMistake(v) {
-			return "", fmt.Sprintf("got %s: %s", v, octalMessage)
-		}
-		v = strings.TrimPrefix(v, "+")
-		if digits := strings.TrimPrefix(v, "-"); len(digits) > 1 && digits[0] == '0' {
-			return "", fmt.Sprintf("got %s: a leading 0 makes YAML read an integer as octal: write it without the 0", v)
-		}
-		return v, ""
-	}
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil {
-		return "", fmt.Sprintf("got %s: out of range of a 64-bit float", clippedValue(v))
-	}
-	return strconv.FormatFloat(f, 'g', -1, 64), ""
+// leadingZero reports whether v, an integer as yamlInt matches it, has a
+// leading 0 (and more digits): YAML 1.1 octal, or no integer at all.
+func leadingZero(v string) bool {
+	v = strings.TrimLeft(v, "+-")
+	return len(v) > 1 && v[0] == '0'
 }
 
 // plainMatches reports whether n is an unquoted string that re matches.
