@@ -133,7 +133,7 @@ func deploymentHealth(replicas []replica.ReplicaStatus, want int, gaveUp bool) (
 	case healthy == 0:
 		return statusUnhealthy, fmt.Sprintf("no replica is running (%d wanted): requests get 503", want)
 	case healthy < want && gaveUp:
-		return statusUnhealthy, fmt.Sprintf("%d of %d replicas running; starting the others failed max_constructor_retry_count rounds in a row: no more attempts until num_replicas is set again", healthy, want)
+		return statusUnhealthy, fmt.Sprintf("%d of %d replicas running; starting the others failed max_constructor_retry_count rounds in a row: no more attempts until num_replicas is set again, or a replica process still running exits", healthy, want)
 	case healthy < want:
 		return statusUpdating, fmt.Sprintf("%d of %d replicas running", healthy, want)
 	}

@@ -530,7 +530,7 @@ func (d *Deployment) topUp() error {
 
 // gaveUpMessage is the log line of a deployment that stops starting
 // replicas.
-const gaveUpMessage = "deployment unhealthy: max_constructor_retry_count rounds of replica starts failed in a row; no more attempts until num_replicas is set again"
+const gaveUpMessage = "deployment unhealthy: max_constructor_retry_count rounds of replica starts failed in a row; no more attempts until num_replicas is set again, or a replica process still running exits"
 
 // countFailedRound counts a round of starts that started none and reports
 // whether the deployment gives up with it.

@@ -3,6 +3,7 @@ package proxycmd
 import (
 	"bytes"
 	"debug/elf"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -92,13 +93,32 @@ func checkExecutable(prog, path string) error {
 	if !bytes.HasPrefix(head, []byte(elf.ELFMAG)) {
 		return fmt.Errorf("program %q has no #! line and is no binary: it cannot be executed (exec format error); name its interpreter first, as in [sh, %s]", prog, prog)
 	}
-	ef, err := elf.NewFile(f)
-	if err != nil {
-		return fmt.Errorf("program %q is no valid executable: %v", prog, err)
+	return checkELFHeader(prog, head)
+}
+
+// checkELFHeader checks what the kernel reads of an ELF file's header
+// before it runs it: its class, byte order and type. Not its sections,
+// which the kernel never reads (debug/elf does, and refuses binaries that
+// run: one stripped of its section headers, say).
+func checkELFHeader(prog string, head []byte) error {
+	if len(head) < 18 {
+		return fmt.Errorf("program %q is no valid executable: an ELF header cut short", prog)
 	}
-	defer ef.Close()
-	if ef.Type != elf.ET_EXEC && ef.Type != elf.ET_DYN {
-		return fmt.Errorf("program %q is an ELF file of type %v, not an executable", prog, ef.Type)
+	class, data := elf.Class(head[elf.EI_CLASS]), elf.Data(head[elf.EI_DATA])
+	if class != elf.ELFCLASS32 && class != elf.ELFCLASS64 {
+		return fmt.Errorf("program %q is no valid executable: ELF class %v", prog, class)
+	}
+	var order binary.ByteOrder
+	switch data {
+	case elf.ELFDATA2LSB:
+		order = binary.LittleEndian
+	case elf.ELFDATA2MSB:
+		order = binary.BigEndian
+	default:
+		return fmt.Errorf("program %q is no valid executable: ELF byte order %v", prog, data)
+	}
+	if t := elf.Type(order.Uint16(head[16:18])); t != elf.ET_EXEC && t != elf.ET_DYN {
+		return fmt.Errorf("program %q is an ELF file of type %v, not an executable", prog, t)
 	}
 	return nil
 }
