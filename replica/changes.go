@@ -249,38 +249,39 @@ func (d *Deployment) SetTargets(targets []string) error {
 	// while fresh targets are dialled: a replica host that accepts and
 	// never says hello holds its dial for seconds, at every DNS answer
 	// while it is listed, and must hold up no reconfigure, health repair
-	// or Stop meanwhile.
+	// or Stop meanwhile, nor the other targets of its list.
 	d.targetsMu.Lock()
 	defer d.targetsMu.Unlock()
 	fresh, ok := d.followTargets(targets)
 	if !ok {
 		return nil // stopped: nothing is routed any more
 	}
-	conns, errs := d.dialTargets(fresh)
-
-	d.control.Lock()
-	defer d.control.Unlock()
-	if d.stopped {
-		d.dropConns(conns)
+	dials := make(chan dialed, len(fresh))
+	for i, t := range fresh {
+		go func() {
+			rs, err := d.connect(d.ctx, t)
+			dials <- dialed{i: i, replicas: rs, err: err}
+		}()
+	}
+	// Each target joins as soon as its dial is done, with those done by
+	// then: a tester's healthy hosts waited 5 s for a mute one listed
+	// beside them, every request a 503 meanwhile.
+	errs := make([]error, len(fresh))
+	var refused []error
+	stopped := false
+	for left := len(fresh); left > 0; {
+		batch := []dialed{<-dials}
+		for left--; left > 0 && len(dials) > 0; left-- {
+			batch = append(batch, <-dials)
+		}
+		ref, ok := d.joinDialed(fresh, batch, errs)
+		refused = append(refused, ref...)
+		stopped = stopped || !ok
+	}
+	if stopped {
 		return d.ctx.Err() // its dials cut short
 	}
-	// The health loop's repair may have connected one meanwhile (a target
-	// that failed before).
-	d.mu.Lock()
-	var late [][]Replica
-	adding, addConns, addErrs := fresh[:0:0], conns[:0:0], errs[:0:0]
-	for i, t := range fresh {
-		if d.connectedLocked(t) {
-			late = append(late, conns[i])
-			continue
-		}
-		adding, addConns, addErrs = append(adding, t), append(addConns, conns[i]), append(addErrs, errs[i])
-	}
-	d.mu.Unlock()
-	d.dropConns(late)
 
-	// Those kept leave as a new one joins in routing (addTargets).
-	addErrs, refused := d.connectTargets(adding, addConns, addErrs)
 	d.mu.Lock()
 	// Only this list's failures are replaced: the repair may have failed
 	// to connect one meanwhile, which it reported itself.
@@ -291,19 +292,64 @@ func (d *Deployment) SetTargets(targets []string) error {
 	d.unconnected = slices.DeleteFunc(d.unconnected, func(te TargetError) bool {
 		return dialled[te.Target] || !d.want[te.Target]
 	})
-	for i, err := range addErrs {
+	for i, err := range errs {
 		if err != nil {
-			d.unconnected = append(d.unconnected, TargetError{Target: adding[i], Error: err.Error()})
+			d.unconnected = append(d.unconnected, TargetError{Target: fresh[i], Error: err.Error()})
 			// The health loop tries it again each period: a list (a
 			// reload's hosts, one of them not up yet) has nothing else to
 			// bring it in.
 			if !d.spec.Discovered {
-				d.renew[adding[i]] = true
+				d.renew[fresh[i]] = true
 			}
 		}
 	}
 	d.mu.Unlock()
-	return errors.Join(append(addErrs, refused...)...)
+	return errors.Join(append(errs, refused...)...)
+}
+
+// dialed is what one of SetTargets' dials came to: the replicas of
+// fresh[i], or why not.
+type dialed struct {
+	i        int
+	replicas []Replica
+	err      error
+}
+
+// joinDialed adds the replicas of a batch of SetTargets' dials to routing
+// (see connectTargets), under control, and sets each one's error in errs.
+// It reports false, dropping them, if the deployment has stopped.
+func (d *Deployment) joinDialed(fresh []string, batch []dialed, errs []error) (refused []error, ok bool) {
+	d.control.Lock()
+	defer d.control.Unlock()
+	var late [][]Replica
+	var adding []string
+	var conns [][]Replica
+	var addErrs []error
+	d.mu.Lock()
+	for _, r := range batch {
+		// The health loop's repair may have connected one meanwhile (a
+		// target that failed before).
+		if d.stopped || d.connectedLocked(fresh[r.i]) {
+			late = append(late, r.replicas)
+			continue
+		}
+		adding, conns, addErrs = append(adding, fresh[r.i]), append(conns, r.replicas), append(addErrs, r.err)
+	}
+	d.mu.Unlock()
+	d.dropConns(late)
+	if d.stopped {
+		return nil, false
+	}
+	// Those kept leave as a new one joins in routing (addTargets).
+	addErrs, refused = d.connectTargets(adding, conns, addErrs)
+	k := 0
+	for _, r := range batch {
+		if k < len(adding) && adding[k] == fresh[r.i] {
+			errs[r.i] = addErrs[k]
+			k++
+		}
+	}
+	return refused, true
 }
 
 // followTargets makes targets the list SetTargets follows: the replicas of

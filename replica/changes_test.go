@@ -463,6 +463,41 @@ func TestSetTargetsDialHoldsNoControl(t *testing.T) {
 	}
 }
 
+// Each target of a list joins as soon as its own dial is done: before, a
+// tester's healthy hosts waited 5 s for a mute one listed beside them,
+// every request a 503 meanwhile.
+func TestSetTargetsJoinAsDialled(t *testing.T) {
+	mute := newGate()
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"},
+		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			if target == "mute" {
+				if err := mute.wait(ctx); err != nil {
+					return nil, err
+				}
+				return nil, errors.New("handshake: no answer")
+			}
+			return []Replica{NewLocal(id, Echo{}, 1, onRelease)}, nil
+		}})
+	done := make(chan error, 1)
+	go func() { done <- d.SetTargets([]string{"a", "mute", "b"}) }()
+	<-mute.reached
+	deadline := time.Now().Add(10 * time.Second)
+	for !slices.Contains(targetsOf(d), "b") {
+		if time.Now().After(deadline) {
+			mute.open()
+			t.Fatalf("b not in routing while the mute target's dial waits: %v", targetsOf(d))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mute.open()
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "handshake: no answer") {
+		t.Fatalf("SetTargets = %v, want the mute target's error", err)
+	}
+	if u := d.Unconnected(); len(u) != 1 || u[0].Target != "mute" {
+		t.Fatalf("Unconnected() = %v, want the mute target", u)
+	}
+}
+
 // A target that the health loop's repair connected while a list dialled it
 // too is connected once.
 func TestSetTargetsConnectedMeanwhileOnce(t *testing.T) {
