@@ -17,6 +17,7 @@ import (
 // start logs them.
 func (c *Config) Warnings() []FieldError {
 	ws := slices.Clone(c.overridden)
+	ws = append(ws, c.sharedHosts()...)
 	for i, app := range c.Applications {
 		for j, d := range app.Deployments {
 			if d.Handler != HandlerCommand || len(d.Command) == 0 {
@@ -55,6 +56,37 @@ func (c *Config) Warnings() []FieldError {
 		}
 	}
 	slices.SortStableFunc(ws, func(a, b FieldError) int { return a.Line - b.Line })
+	return ws
+}
+
+// sharedHosts warns of each replica host listed under a second
+// deployment: its actors serve both, with one user_config, so that a
+// reconfigure of either changes what the other's requests get (a tester),
+// while each deployment reports its own.
+func (c *Config) sharedHosts() []FieldError {
+	var ws []FieldError
+	first := make(map[string]string) // host address -> the field that listed it first
+	for i, app := range c.Applications {
+		for j, d := range app.Deployments {
+			if d.Handler != HandlerHost {
+				continue
+			}
+			for k, h := range d.Hosts {
+				f := fmt.Sprintf("applications[%d].deployments[%d].hosts[%d]", i, j, k)
+				key := strings.ToLower(h)
+				prev, ok := first[key]
+				if !ok {
+					first[key] = f
+					continue
+				}
+				if strings.HasPrefix(prev, fmt.Sprintf("applications[%d].deployments[%d].", i, j)) {
+					continue // a duplicate in one list is an error of its own
+				}
+				ws = append(ws, FieldError{Line: c.Line(f), Field: f, Msg: fmt.Sprintf(
+					"%s is a host of %s too: its actors serve both deployments with one user_config, and a reconfigure of either (a reload, PUT .../user_config) changes what the other's requests get", h, strings.TrimSuffix(prev, prev[strings.LastIndex(prev, "."):]))})
+			}
+		}
+	}
 	return ws
 }
 

@@ -117,3 +117,27 @@ func TestRunsShell(t *testing.T) {
 		}
 	}
 }
+
+// A replica host under two deployments is warned of: its actors take
+// either's user_config for both (a tester saw /b answer what a PUT on /a
+// set, while b reported its own).
+func TestSharedHostWarning(t *testing.T) {
+	c, err := Parse("", []byte(`applications:
+  - name: a
+    route_prefix: /a
+    deployments:
+      - {name: d, handler: host, hosts: ["127.0.0.1:9001"]}
+  - name: b
+    route_prefix: /b
+    deployments:
+      - {name: d, handler: host, hosts: ["127.0.0.1:9002", "127.0.0.1:9001"]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := c.Warnings()
+	want := "line 9: applications[1].deployments[0].hosts[1]: 127.0.0.1:9001 is a host of applications[0].deployments[0] too: its actors serve both deployments with one user_config"
+	if len(ws) != 1 || !strings.HasPrefix(ws[0].Error(), want) {
+		t.Fatalf("Warnings() = %v, want one: %s...", ws, want)
+	}
+}
