@@ -346,16 +346,36 @@ func (p *Proxy) broadcastGC(ctx context.Context, s gctune.State) []gcCallResult 
 	// proxy's settings changed, and the replicas are to follow.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), controlTimeout)
 	defer cancel()
+	// Every deployment at once: a stalled replica host held the ones
+	// after its own for the whole timeout, and they failed with it, in
+	// process ones included (a tester).
+	results := make([][]replica.Result, len(p.deployments))
+	var wg sync.WaitGroup
+	for i, d := range p.deployments {
+		wg.Go(func() { results[i] = d.SetGC(ctx, payload) })
+	}
+	wg.Wait()
 	var failed []gcCallResult
-	for _, d := range p.deployments {
-		for _, r := range d.SetGC(ctx, payload) {
+	for i, d := range p.deployments {
+		for _, r := range results[i] {
 			if r.Err != nil {
+				err := callError(r.Err, controlTimeout)
 				p.opts.Log.Warn().Str("application", d.App()).Str("deployment", d.Name()).Str("replica", r.Actor).
-					Err(r.Err).Msg("set_gc failed on a replica: given it again at each health check, or once it reconnects")
+					Err(err).Msg("set_gc failed on a replica: given it again at each health check, or once it reconnects")
 				failed = append(failed, gcCallResult{Application: d.App(), Deployment: d.Name(),
-					callResult: callResult{Replica: r.Actor, Error: r.Err.Error()}})
+					callResult: callResult{Replica: r.Actor, Error: err.Error()}})
 			}
 		}
 	}
 	return failed
+}
+
+// callError says what a replica's failed control call came to: a
+// deadline names the wait, where "context deadline exceeded" said
+// nothing of what did not answer.
+func callError(err error, timeout time.Duration) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("no answer within %v (a replica host stalled or overloaded?): %w", timeout, err)
+	}
+	return err
 }

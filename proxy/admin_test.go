@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -11,11 +12,13 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/serveproxy/serveproxy/config"
 	"github.com/serveproxy/serveproxy/gctune"
+	"github.com/serveproxy/serveproxy/replica"
 )
 
 func newTuner(t *testing.T) *gctune.Tuner {
@@ -272,5 +275,45 @@ func TestAdminRefusalsToldAtClose(t *testing.T) {
 	}
 	if refused != 3 {
 		t.Errorf("%d refusals told by the time the proxy stopped, want 3:\n%s", refused, logs.String())
+	}
+}
+
+// stalledGC is a replica whose set_gc never answers: a replica host
+// stopped (SIGSTOP) after its handshake.
+type stalledGC struct{ *replica.Local }
+
+func (s stalledGC) Call(ctx context.Context, method string, payload []byte) ([]byte, error) {
+	if method == replica.MethodSetGC {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return s.Local.Call(ctx, method, payload)
+}
+
+// A replica that does not answer its set_gc fails alone, its error naming
+// the wait: before, the deployments after its own waited out the whole
+// timeout and were listed as failed with it, in-process ones included
+// (a tester), each saying only "context deadline exceeded".
+func TestGCBroadcastStalledReplicaFailsAlone(t *testing.T) {
+	tu := newTuner(t)
+	old := controlTimeout
+	controlTimeout = 500 * time.Millisecond
+	t.Cleanup(func() { controlTimeout = old })
+	stalled := testDeployment{app: "stalled", prefix: "/s", targets: []string{"h:1"},
+		connect: func(_ context.Context, id, _ string, onRelease func()) ([]replica.Replica, error) {
+			return []replica.Replica{stalledGC{replica.NewLocal(id, replica.Echo{}, 1, onRelease)}}, nil
+		}}
+	local := testDeployment{app: "local", prefix: "/", factory: static("hi"), replicas: 2}
+	tp := startProxy(t, Options{GC: tu}, stalled, local)
+	code, body := put(t, tp.adminURL+"/-/gc", `{"percent": 300}`, "")
+	var res struct {
+		Failed []struct{ Application, Replica, Error string } `json:"failed"`
+	}
+	if err := json.Unmarshal([]byte(body), &res); err != nil {
+		t.Fatalf("PUT /-/gc = %d %s: %v", code, body, err)
+	}
+	if code != http.StatusMultiStatus || len(res.Failed) != 1 || res.Failed[0].Application != "stalled" ||
+		!strings.Contains(res.Failed[0].Error, "no answer within 500ms") {
+		t.Fatalf("PUT /-/gc = %d %s, want 207 with the stalled replica alone, its wait named", code, body)
 	}
 }

@@ -20,7 +20,7 @@ import (
 
 // controlTimeout bounds an admin control call (reconfigure, scale) and the
 // broadcasts it makes.
-const controlTimeout = 30 * time.Second
+var controlTimeout = 30 * time.Second // a variable for tests
 
 // The deployment statuses of GET /-/applications, as Serve names them.
 const (
@@ -273,7 +273,7 @@ func (p *Proxy) putUserConfig(w http.ResponseWriter, r *http.Request) {
 	for i, res := range results {
 		out.Results[i] = callResult{Replica: res.Actor, OK: res.Err == nil}
 		if res.Err != nil {
-			out.Results[i].Error = res.Err.Error()
+			out.Results[i].Error = callError(res.Err, controlTimeout).Error()
 			out.Results[i].Replaced = d.replacedFor(res, err)
 		}
 	}
