@@ -340,7 +340,9 @@ func (dw *deadlineWriter) SetReadDeadline(t time.Time) error {
 func (dw *deadlineWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	dw.mu.Lock()
 	defer dw.mu.Unlock()
-	if dw.closed {
+	if dw.closed || dw.expired.Load() {
+		// Past the deadline: close may be setting the write deadline of
+		// a write it saw, which must not land on a taken connection.
 		return nil, nil, http.ErrHandlerTimeout
 	}
 	c, brw, err := dw.w.Hijack()

@@ -293,7 +293,12 @@ func (d *Deployment) SetTargets(targets []string) error {
 		return dialled[te.Target] || !d.want[te.Target]
 	})
 	for i, err := range errs {
-		if err != nil {
+		if err != nil && d.connectedLocked(fresh[i]) {
+			// The health loop's repair connected it meanwhile, while
+			// another target's dial kept the list waiting.
+			errs[i] = nil
+		}
+		if err := errs[i]; err != nil {
 			d.unconnected = append(d.unconnected, TargetError{Target: fresh[i], Error: err.Error()})
 			// The health loop tries it again each period: a list (a
 			// reload's hosts, one of them not up yet) has nothing else to

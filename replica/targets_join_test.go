@@ -1,0 +1,118 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A target whose list dial failed, connected by the health loop's repair
+// while the list still waits for a slower target, is no failure of the
+// list's when it ends: it was reported unconnected and set to be renewed,
+// and the next repair replaced its working replicas (a review).
+func TestSetTargetsFailureConnectedMeanwhile(t *testing.T) {
+	var xCalls atomic.Int32
+	mute := newGate()
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"},
+		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			switch target {
+			case "x":
+				if xCalls.Add(1) == 1 {
+					return nil, errors.New("x: connection refused")
+				}
+			case "mute":
+				if err := mute.wait(ctx); err != nil {
+					return nil, err
+				}
+				return nil, errors.New("mute: handshake: no answer")
+			}
+			return []Replica{NewLocal(id, Echo{}, 1, onRelease)}, nil
+		}})
+	done := make(chan error, 1)
+	go func() { done <- d.SetTargets([]string{"a", "x", "mute"}) }()
+	<-mute.reached
+	for xCalls.Load() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // x's failed dial joined (its batch)
+	if !d.renewTarget(context.Background(), "x") {
+		t.Fatal("repair did not connect x")
+	}
+	var xReplica Replica
+	d.mu.Lock()
+	for _, r := range d.replicas {
+		if d.targets[r] == "x" {
+			xReplica = r
+		}
+	}
+	d.mu.Unlock()
+	t.Logf("x connected by the repair: %s; targets %v", xReplica.ID(), targetsOf(d))
+	mute.open()
+	err := <-done
+	t.Logf("SetTargets = %v", err)
+	d.mu.Lock()
+	renewX := d.renew["x"]
+	d.mu.Unlock()
+	t.Logf("Unconnected() = %v; renew[x] = %v", d.Unconnected(), renewX)
+	if renewX || strings.Contains(err.Error(), "x: connection refused") {
+		// What the next health round's repair does with it (repair
+		// calls renewTarget for each target in renew):
+		d.renewTarget(context.Background(), "x")
+		d.mu.Lock()
+		stillIn := false
+		for _, r := range d.replicas {
+			if r == xReplica {
+				stillIn = true
+			}
+		}
+		d.mu.Unlock()
+		t.Errorf("x, connected and serving, reported failed by the list (renew[x]=%v); after the next repair its replica %s still in routing: %v (targets %v)", renewX, xReplica.ID(), stillIn, targetsOf(d))
+	}
+}
+
+// stopCounted is a replica that counts its stops.
+type stopCounted struct {
+	Replica
+	stopped *atomic.Int32
+}
+
+func (s stopCounted) Stop(context.Context) error { s.stopped.Add(1); return nil }
+
+// Stop while a list's slow dial runs: what it brings after is dropped and
+// stopped once, SetTargets returns, nothing is added.
+func TestSetTargetsStopWhileTargetsJoin(t *testing.T) {
+	slow := newGate()
+	var stops atomic.Int32
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"},
+		Connect: func(ctx context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			if target == "slow" {
+				close(slow.reached)
+				<-slow.opened // ignores ctx: a dial that ends late
+			}
+			return []Replica{stopCounted{NewLocal(id, Echo{}, 1, onRelease), &stops}}, nil
+		}})
+	done := make(chan error, 1)
+	go func() { done <- d.SetTargets([]string{"a", "b", "slow"}) }()
+	<-slow.reached
+	waitTargets(t, d, "a", "b")
+	if err := d.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	before := stops.Load()
+	slow.open()
+	select {
+	case err := <-done:
+		t.Logf("SetTargets = %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("SetTargets did not return after Stop")
+	}
+	if stops.Load() != before+1 {
+		t.Errorf("slow's late replica stopped %d times, want once", stops.Load()-before)
+	}
+	if got := targetsOf(d); len(got) != 2 {
+		t.Errorf("targets %v after Stop", got)
+	}
+}
