@@ -148,6 +148,14 @@ func (t *Tuner) apply(e config.Env, environ map[string]string) error {
 			percent, s.PercentSource = 100, SourceGoDefault
 			s.Note = "no memory limit, so GOGC stays at Go's default unless set explicitly"
 		}
+		if userLimit && s.PercentSource == SourceDefault && t.limitBeyondMemory(percent, "", limit) != nil {
+			// The user's GOMEMLIMIT wins, but one above the memory there
+			// is bounds nothing, as none would not: the default GOGC is
+			// not picked above it either (a tester; PUT /-/gc then
+			// refused a high GOGC that the start had taken).
+			percent, s.PercentSource = 100, SourceGoDefault
+			s.Note = "GOMEMLIMIT is above the memory there is, so it bounds nothing: GOGC stays at Go's default unless set explicitly"
+		}
 		debug.SetGCPercent(percent)
 		debug.SetMemoryLimit(limit)
 	}

@@ -61,6 +61,9 @@ func TestApply(t *testing.T) {
 		{"env ratio", map[string]string{"PROXY_GC_MEMORY_LIMIT": "0.5"}, 400, 2 * gib, SourceDefault, SourceEnv},
 		{"user GOGC wins", map[string]string{"GOGC": "150", "PROXY_GC_PERCENT": "800"}, -2, ninety, SourceGOGC, SourceDefault},
 		{"user GOMEMLIMIT wins", map[string]string{"GOMEMLIMIT": "1GiB"}, 400, -2, SourceDefault, SourceGOMEMLIM},
+		// One above the memory there is bounds nothing, as none does: a
+		// tester's 100GiB took the default GOGC of 400.
+		{"user GOMEMLIMIT beyond memory keeps go's GOGC", map[string]string{"GOMEMLIMIT": "100GiB"}, 100, -2, SourceGoDefault, SourceGOMEMLIM},
 		// No limit and no explicit GOGC: a high GOGC is not left unbounded.
 		{"no limit keeps go's GOGC", map[string]string{"PROXY_GC_MEMORY_LIMIT": "none"}, 100, 0, SourceGoDefault, SourceEnv},
 		{"no limit with an explicit GOGC", map[string]string{"PROXY_GC_MEMORY_LIMIT": "none", "PROXY_GC_PERCENT": "400"}, 400, 0, SourceEnv, SourceEnv},
@@ -68,8 +71,12 @@ func TestApply(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			keepRuntime(t)
-			if tt.environ["GOMEMLIMIT"] != "" {
-				debug.SetMemoryLimit(gib) // as the runtime does at start
+			if v := tt.environ["GOMEMLIMIT"]; v != "" {
+				limit := int64(gib)
+				if v == "100GiB" {
+					limit = 100 * gib
+				}
+				debug.SetMemoryLimit(limit) // as the runtime does at start
 			}
 			before, beforeLimit := currentPercent(), debug.SetMemoryLimit(-1)
 			tu, err := apply(t, tt.environ, 4*gib, nil)
