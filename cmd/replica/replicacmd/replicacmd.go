@@ -374,5 +374,18 @@ func fromConfig(path, appDep string, set map[string]bool) (config.Deployment, fu
 			return d, where, nil
 		}
 	}
-	return config.Deployment{}, nil, fmt.Errorf("-deployment %s: no such deployment in %s", appDep, path)
+	// Named, as the admin API's 404s name theirs: the hosts' deployments
+	// are what -deployment may take.
+	var hosts []string
+	for _, a := range cfg.Applications {
+		for _, d := range a.Deployments {
+			if d.Handler == config.HandlerHost && d.HostHandler != "" {
+				hosts = append(hosts, a.Name+"/"+d.Name)
+			}
+		}
+	}
+	if len(hosts) == 0 {
+		return config.Deployment{}, nil, fmt.Errorf("-deployment %s: no such deployment in %s, which has no deployment of handler: host with a host_handler", appDep, path)
+	}
+	return config.Deployment{}, nil, fmt.Errorf("-deployment %s: no such deployment in %s; its replica hosts' deployments: %s", appDep, path, strings.Join(hosts, ", "))
 }

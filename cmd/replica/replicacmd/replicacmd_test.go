@@ -476,7 +476,7 @@ func TestRunFromConfig(t *testing.T) {
 	}{
 		{[]string{"-config", path}, "-config and -deployment go together"},
 		{[]string{"-config", path, "-deployment", "hi"}, "want app/name"},
-		{[]string{"-config", path, "-deployment", "hi/nope"}, "no such deployment"},
+		{[]string{"-config", path, "-deployment", "hi/nope"}, "no such deployment in " + path + "; its replica hosts' deployments: hi/hi"},
 		{[]string{"-config", path, "-deployment", "hi/plain"}, "not handler: host with a host_handler"},
 		{[]string{"-config", path, "-deployment", "hi/hi", "-replicas", "3"}, "-replicas: not with -config"},
 		{[]string{"-config", "/nonexistent.yaml", "-deployment", "hi/hi"}, "-config:"},
