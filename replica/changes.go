@@ -269,15 +269,22 @@ func (d *Deployment) SetTargets(targets []string) error {
 	errs := make([]error, len(fresh))
 	var refused []error
 	stopped := false
+	// Their checks on joining run beside the next batches, without
+	// control: each replica is in routing once its own passes.
+	var checks sync.WaitGroup
 	for left := len(fresh); left > 0; {
 		batch := []dialed{<-dials}
 		for left--; left > 0 && len(dials) > 0; left-- {
 			batch = append(batch, <-dials)
 		}
-		ref, ok := d.joinDialed(fresh, batch, errs)
+		ref, check, ok := d.joinDialed(fresh, batch, errs)
 		refused = append(refused, ref...)
 		stopped = stopped || !ok
+		if check != nil {
+			checks.Go(check)
+		}
 	}
+	checks.Wait()
 	if stopped {
 		return d.ctx.Err() // its dials cut short
 	}
@@ -320,10 +327,12 @@ type dialed struct {
 	err      error
 }
 
-// joinDialed adds the replicas of a batch of SetTargets' dials to routing
-// (see connectTargets), under control, and sets each one's error in errs.
-// It reports false, dropping them, if the deployment has stopped.
-func (d *Deployment) joinDialed(fresh []string, batch []dialed, errs []error) (refused []error, ok bool) {
+// joinDialed adds the replicas of a batch of SetTargets' dials to the
+// deployment (see connectTargets), under control, and sets each one's
+// error in errs; check, to run without control, puts each in routing as
+// its check on joining passes. It reports false, dropping them, if the
+// deployment has stopped.
+func (d *Deployment) joinDialed(fresh []string, batch []dialed, errs []error) (refused []error, check func(), ok bool) {
 	d.control.Lock()
 	defer d.control.Unlock()
 	var late [][]Replica
@@ -343,10 +352,10 @@ func (d *Deployment) joinDialed(fresh []string, batch []dialed, errs []error) (r
 	d.mu.Unlock()
 	d.dropConns(late)
 	if d.stopped {
-		return nil, false
+		return nil, nil, false
 	}
 	// Those kept leave as a new one joins in routing (addTargets).
-	addErrs, refused = d.connectTargets(adding, conns, addErrs)
+	addErrs, refused, check = d.connectTargets(adding, conns, addErrs)
 	k := 0
 	for _, r := range batch {
 		if k < len(adding) && adding[k] == fresh[r.i] {
@@ -354,7 +363,7 @@ func (d *Deployment) joinDialed(fresh []string, batch []dialed, errs []error) (r
 			k++
 		}
 	}
-	return refused, true
+	return refused, check, true
 }
 
 // followTargets makes targets the list SetTargets follows: the replicas of
@@ -514,9 +523,10 @@ func (d *Deployment) retireGoneLocked(gone []Replica, note string) {
 // targets the deployment has no replicas of, to routing (given the
 // user_config first). It returns each target's error, and a
 // *ConfigRefusedError for each target connected whose replicas did not
-// take the user_config. control must be held.
-func (d *Deployment) connectTargets(fresh []string, conns [][]Replica, errs []error) (_, refused []error) {
-	errs = d.addTargets(fresh, conns, errs)
+// take the user_config, and addTargets' check, to run once control is
+// released. control must be held.
+func (d *Deployment) connectTargets(fresh []string, conns [][]Replica, errs []error) (_, refused []error, check func()) {
+	errs, check = d.addTargets(fresh, conns, errs)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for i, rs := range conns {
@@ -533,7 +543,7 @@ func (d *Deployment) connectTargets(fresh []string, conns [][]Replica, errs []er
 			refused = append(refused, &ConfigRefusedError{Target: fresh[i], Refused: n, Of: len(rs)})
 		}
 	}
-	return errs, refused
+	return errs, refused, check
 }
 
 // dialTargets connects fresh at once, so that a target that does not
@@ -571,9 +581,9 @@ func (d *Deployment) dropConns(conns [][]Replica) {
 // addTargets adds the replicas dialTargets connected for fresh to
 // routing, given the user_config first, and returns each target's error.
 // control must be held.
-func (d *Deployment) addTargets(fresh []string, conns [][]Replica, errs []error) []error {
+func (d *Deployment) addTargets(fresh []string, conns [][]Replica, errs []error) (_ []error, check func()) {
 	if len(fresh) == 0 {
-		return errs
+		return errs, func() {}
 	}
 	var clashed, joining []Replica
 	d.mu.Lock()
@@ -598,19 +608,16 @@ func (d *Deployment) addTargets(fresh []string, conns [][]Replica, errs []error)
 	// Before they take requests: a replica host serves the user_config it
 	// was started with, which need not be the deployment's.
 	d.giveUserConfig(d.ctx, joining, "joining")
-	failed := d.checkJoining(d.ctx, joining)
 
-	log := d.log()
+	// In the deployment, starting, so that control calls reach them; in
+	// routing each as its check on joining passes, not once every one
+	// of them has answered (one that accepts and never answers held the
+	// others of its list back for the check's 5 s).
 	d.mu.Lock()
-	for i, r := range joining {
+	for _, r := range joining {
 		d.giveLimitLocked(r)
-		r.SetState(StateRunning)
+		r.SetState(StateStarting)
 		d.replicas = append(d.replicas, r)
-		if err := failed[i]; err != nil {
-			d.joinFailedLocked(r, err)
-			continue
-		}
-		log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica added for its target")
 	}
 	for i, rs := range conns {
 		if errs[i] == nil && len(rs) > 0 {
@@ -622,22 +629,38 @@ func (d *Deployment) addTargets(fresh []string, conns [][]Replica, errs []error)
 	if len(joining) > 0 {
 		d.spec.NumReplicas = len(d.replicas)
 		d.rebuildPoolLocked()
-		d.publishLocked()
-		// Those kept while none of the list's was in routing, once one
-		// is (a target connected at last by the health loop, too).
-		d.retireUnwantedLocked()
 	}
 	d.mu.Unlock()
-	// A replica host runs its own GC settings, which need not be those of
-	// PUT /-/gc. Once they are in d.replicas, so that a SetGC from now on
-	// reaches them and one before it is what giveGC reads.
-	d.giveGC(d.ctx, joining, "joining")
-	for _, r := range clashed {
-		if s, ok := r.(Stopper); ok {
-			_ = s.Stop(d.ctx)
+	log := d.log()
+	return errs, func() {
+		d.checkJoining(d.ctx, joining, func(r Replica, err error) {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if r.State() != StateStarting || !slices.Contains(d.replicas, r) {
+				return // retired meanwhile (the deployment stopping, say)
+			}
+			r.SetState(StateRunning)
+			if err != nil {
+				d.joinFailedLocked(r, err)
+				return
+			}
+			log.Info().Str("replica", r.ID()).Str("target", d.targets[r]).Msg("replica added for its target")
+			d.publishLocked()
+			// Those kept while none of the list's was in routing, once
+			// one is (a target connected at last by the health loop, too).
+			d.retireUnwantedLocked()
+		})
+		// A replica host runs its own GC settings, which need not be
+		// those of PUT /-/gc. Once they are in d.replicas, so that a
+		// SetGC from now on reaches them and one before it is what
+		// giveGC reads.
+		d.giveGC(d.ctx, joining, "joining")
+		for _, r := range clashed {
+			if s, ok := r.(Stopper); ok {
+				_ = s.Stop(d.ctx)
+			}
 		}
 	}
-	return errs
 }
 
 // joinCheckTimeout bounds the health check of a target as it joins, below
@@ -649,39 +672,47 @@ const joinCheckTimeout = 5 * time.Second
 
 // checkJoining runs one health check of the replicas joining for their
 // targets, bounded by health_check_timeout_s (at most joinCheckTimeout),
-// and returns each one's error: an upstream is not dialled to join, so one
-// that refuses or does not answer would otherwise be healthy and in
-// routing until the health loop's next round. Those waiting for their
-// user_config, out of routing already, are not checked; nor is any when
-// the deployment has no health checks, which nothing would then bring in.
-func (d *Deployment) checkJoining(ctx context.Context, joining []Replica) []error {
-	errs := make([]error, len(joining))
-	if d.healthPeriod.Load() <= 0 {
-		return errs
-	}
+// and tells joined of each one's result as it comes, before it returns:
+// an upstream is not dialled to join, so one that refuses or does not
+// answer would otherwise be healthy and in routing until the health loop's
+// next round. Those waiting for their user_config, out of routing already,
+// are not checked; nor is any when the deployment has no health checks,
+// which nothing would then bring in.
+func (d *Deployment) checkJoining(ctx context.Context, joining []Replica, joined func(r Replica, err error)) {
 	var check []Replica
-	var at []int
 	d.mu.Lock()
-	for i, r := range joining {
-		if !d.unsync[r] {
-			check, at = append(check, r), append(at, i)
+	for _, r := range joining {
+		if d.healthPeriod.Load() > 0 && !d.unsync[r] {
+			check = append(check, r)
 		}
 	}
 	d.mu.Unlock()
+	for _, r := range joining {
+		if !slices.Contains(check, r) {
+			joined(r, nil)
+		}
+	}
 	if len(check) == 0 {
-		return errs
+		return
 	}
 	timeout := min(time.Duration(d.healthTimeout.Load()), joinCheckTimeout)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	for i, res := range d.broadcastBounded(ctx, check, Call{Method: MethodCheckHealth}) {
+	actors := make([]Actor, len(check))
+	for i, r := range check {
+		actors[i] = r
+	}
+	var told sync.WaitGroup
+	told.Add(len(check))
+	NewPool(actors...).broadcastEach(ctx, Call{Method: MethodCheckHealth}, func(i int, res Result) {
+		defer told.Done()
 		err := res.Err
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("no answer to its health check on joining within %v: %w", timeout, err)
 		}
-		errs[at[i]] = err
-	}
-	return errs
+		joined(check[i], err)
+	})
+	told.Wait()
 }
 
 // joinFailedLocked keeps r, which failed its first health check with err,

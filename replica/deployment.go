@@ -317,17 +317,16 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 		// which need not be the deployment's: it gets this one before
 		// any request (one that refuses it stays out of routing).
 		d.giveUserConfig(startCtx, d.replicas, "connected at the start")
-		failed := d.checkJoining(startCtx, d.replicas)
+		d.checkJoining(startCtx, d.replicas, func(r Replica, err error) {
+			if err != nil && ctx.Err() == nil {
+				d.mu.Lock()
+				d.joinFailedLocked(r, err)
+				d.mu.Unlock()
+			}
+		})
 		if err := ctx.Err(); err != nil {
 			return fail(err)
 		}
-		d.mu.Lock()
-		for i, err := range failed {
-			if err != nil {
-				d.joinFailedLocked(d.replicas[i], err)
-			}
-		}
-		d.mu.Unlock()
 	case spec.Start != nil:
 		d.replicas = d.startMany(startCtx, spec.NumReplicas)
 		if err := ctx.Err(); err != nil {

@@ -157,7 +157,11 @@ func (d *Deployment) renewTarget(ctx context.Context, target string) bool {
 	// reload, reconfigure or scale.
 	conns, errs := d.dialTargets([]string{target})
 	d.control.Lock()
-	defer d.control.Unlock()
+	check := func() {}
+	defer func() {
+		d.control.Unlock()
+		check() // its replicas' checks on joining, without control
+	}()
 	d.mu.Lock()
 	connected := d.connectedLocked(target)
 	wanted = d.want[target]
@@ -166,7 +170,9 @@ func (d *Deployment) renewTarget(ctx context.Context, target string) bool {
 		d.dropConns(conns) // a list or discovery answer took it meanwhile, or left it
 		return false
 	}
-	err := d.addTargets([]string{target}, conns, errs)[0]
+	var added []error
+	added, check = d.addTargets([]string{target}, conns, errs)
+	err := added[0]
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.unconnected = slices.DeleteFunc(d.unconnected, func(te TargetError) bool { return te.Target == target })

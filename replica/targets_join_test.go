@@ -3,6 +3,8 @@ package replica
 import (
 	"context"
 	"errors"
+	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -115,4 +117,51 @@ func TestSetTargetsStopWhileTargetsJoin(t *testing.T) {
 	if got := targetsOf(d); len(got) != 2 {
 		t.Errorf("targets %v after Stop", got)
 	}
+}
+
+// joinGatedCheck is a handler whose health check waits at a gate (or for its
+// context's end), and says when it answered.
+type joinGatedCheck struct {
+	g        *gate
+	answered *atomic.Bool
+}
+
+func (joinGatedCheck) ServeHTTP(http.ResponseWriter, *http.Request) {}
+func (h joinGatedCheck) CheckHealth(ctx context.Context) error {
+	defer h.answered.Store(true)
+	return h.g.wait(ctx)
+}
+
+// Each replica of a list joins routing as its own check on joining
+// passes: an upstream that accepted and never answered held the others of
+// its list out of routing until its check's timeout.
+func TestJoinCheckHoldsNoOtherBack(t *testing.T) {
+	mute := newGate()
+	var answered atomic.Bool
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"}, HealthCheckPeriod: time.Hour,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			var h Handler = Echo{}
+			switch target {
+			case "mute":
+				h = joinGatedCheck{g: mute, answered: &answered}
+			case "b":
+				<-mute.reached // dialled after the mute one is checked
+			}
+			return []Replica{NewLocal(id, h, 1, onRelease)}, nil
+		}})
+	done := make(chan error, 1)
+	go func() { done <- d.SetTargets([]string{"a", "mute", "b"}) }()
+	<-mute.reached
+	eventually(t, "b in routing", func() bool { return slices.Contains(routedTargets(d), "b") })
+	if answered.Load() {
+		t.Fatal("b joined routing only once the mute target's check had answered")
+	}
+	if slices.Contains(routedTargets(d), "mute") {
+		t.Fatal("the mute target in routing before its check answered")
+	}
+	mute.open()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the mute target in routing once its check passed", func() bool { return slices.Contains(routedTargets(d), "mute") })
 }
