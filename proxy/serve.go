@@ -438,8 +438,10 @@ func (p *Proxy) serveWithDeadline(ctx context.Context, h replica.Handle, release
 	}
 	select {
 	case err := <-done:
-		if cut {
-			// Its answer was being written, and is cut short.
+		if cut || dw.refused.Load() {
+			// Its answer was being written, and is cut short (a write
+			// in progress, or one refused after the deadline: a 200 was
+			// recorded for it, one in sixty under load).
 			return false, deadlineError(ctx)
 		}
 		// It finished just as the deadline passed: its answer stands if

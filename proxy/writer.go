@@ -239,6 +239,9 @@ type deadlineWriter struct {
 	// by a write deadline in the past.
 	expired atomic.Bool
 	writing atomic.Int32
+	// refused is set when a write came after the deadline and went
+	// nowhere: a handler that then returned did not finish its answer.
+	refused atomic.Bool
 }
 
 func newDeadlineWriter(w *statusWriter) *deadlineWriter {
@@ -296,6 +299,7 @@ func (dw *deadlineWriter) Flush() {
 // the deadline passed; false if it did. mu must be held.
 func (dw *deadlineWriter) beginWriteLocked() bool {
 	if dw.closed || dw.expired.Load() {
+		dw.refused.Store(true)
 		return false
 	}
 	dw.copyHeaderLocked()
@@ -304,6 +308,7 @@ func (dw *deadlineWriter) beginWriteLocked() bool {
 	dw.writing.Add(1)
 	if dw.expired.Load() {
 		dw.writing.Add(-1)
+		dw.refused.Store(true)
 		return false
 	}
 	return true
