@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -288,18 +287,8 @@ func TestUnreadBodyWaitIsRecorded(t *testing.T) {
 	}
 	c.Close()
 
-	lines := map[string]map[string]any{}
-	waitFor(t, "five access-log lines", func() bool {
-		for l := range strings.Lines(tp.access.String()) {
-			var line map[string]any
-			if json.Unmarshal([]byte(l), &line) == nil {
-				if id, _ := line["request_id"].(string); id != "" {
-					lines[id] = line
-				}
-			}
-		}
-		return len(lines) == 5
-	})
+	var lines map[string]map[string]any
+	waitFor(t, "five access-log lines", func() bool { lines = accessLines(tp); return len(lines) == 5 })
 	// The replica's own latency is its work: done before the body came
 	// (found by review).
 	_, metrics := get(t, tp.adminURL+"/metrics")
@@ -353,18 +342,8 @@ func TestClientGoneMidBodyReadIs499(t *testing.T) {
 			c.Close()
 		}
 	}
-	lines := map[string]map[string]any{}
-	waitFor(t, "two access-log lines", func() bool {
-		for l := range strings.Lines(tp.access.String()) {
-			var line map[string]any
-			if json.Unmarshal([]byte(l), &line) == nil {
-				if id, _ := line["request_id"].(string); id != "" {
-					lines[id] = line
-				}
-			}
-		}
-		return len(lines) == 2
-	})
+	var lines map[string]map[string]any
+	waitFor(t, "two access-log lines", func() bool { lines = accessLines(tp); return len(lines) == 2 })
 	for how, l := range lines {
 		if msg, _ := l["error"].(string); l["status"] != float64(StatusClientClosedRequest) || l["bytes"] != float64(0) || !strings.Contains(msg, "client left before the end of its request body") {
 			t.Errorf("%s mid-body: %v, want a 499 with no bytes, saying why", how, l)
