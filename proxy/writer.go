@@ -239,7 +239,7 @@ type deadlineWriter struct {
 	// by a write deadline in the past.
 	expired atomic.Bool
 	writing atomic.Int32
-	// refused is set when a write came after the deadline and went
+	// refused is set when a Write came after the deadline and went
 	// nowhere: a handler that then returned did not finish its answer.
 	refused atomic.Bool
 }
@@ -278,6 +278,10 @@ func (dw *deadlineWriter) Write(b []byte) (int, error) {
 	dw.mu.Lock()
 	defer dw.mu.Unlock()
 	if !dw.beginWriteLocked() {
+		// Bytes that went nowhere: the answer is cut. (A flush refused
+		// is not: the bytes written before the deadline go out as the
+		// handler returns.)
+		dw.refused.Store(true)
 		return 0, http.ErrHandlerTimeout
 	}
 	defer dw.writing.Add(-1)
@@ -299,7 +303,6 @@ func (dw *deadlineWriter) Flush() {
 // the deadline passed; false if it did. mu must be held.
 func (dw *deadlineWriter) beginWriteLocked() bool {
 	if dw.closed || dw.expired.Load() {
-		dw.refused.Store(true)
 		return false
 	}
 	dw.copyHeaderLocked()
@@ -308,7 +311,6 @@ func (dw *deadlineWriter) beginWriteLocked() bool {
 	dw.writing.Add(1)
 	if dw.expired.Load() {
 		dw.writing.Add(-1)
-		dw.refused.Store(true)
 		return false
 	}
 	return true

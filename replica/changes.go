@@ -618,6 +618,7 @@ func (d *Deployment) addTargets(fresh []string, conns [][]Replica, errs []error)
 		d.giveLimitLocked(r)
 		r.SetState(StateStarting)
 		d.replicas = append(d.replicas, r)
+		d.joining[r] = true
 	}
 	for i, rs := range conns {
 		if errs[i] == nil && len(rs) > 0 {
@@ -636,6 +637,10 @@ func (d *Deployment) addTargets(fresh []string, conns [][]Replica, errs []error)
 		d.checkJoining(d.ctx, joining, func(r Replica, err error) {
 			d.mu.Lock()
 			defer d.mu.Unlock()
+			if !d.joining[r] {
+				return
+			}
+			delete(d.joining, r)
 			if r.State() != StateStarting || !slices.Contains(d.replicas, r) {
 				return // retired meanwhile (the deployment stopping, say)
 			}

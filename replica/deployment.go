@@ -169,6 +169,7 @@ type Deployment struct {
 	failures map[Replica]int  // consecutive failed health checks
 	checking map[Replica]bool // whose health check is in flight (see checkHealth)
 	kept     map[Replica]bool // of targets gone from the list, kept serving and logged so (see SetTargets)
+	joining  map[Replica]bool // connected for their targets, starting until their check on joining is told (see addTargets)
 	// failLogged is, for a replica failing its health checks past
 	// unhealthyAfter, when its last failure was logged and its
 	// consecutive failures then (see logHealthFailureLocked).
@@ -272,6 +273,7 @@ func NewDeployment(ctx context.Context, spec DeploymentSpec, hooks Hooks) (*Depl
 		excluded:      make(map[Replica]bool),
 		checking:      make(map[Replica]bool),
 		kept:          make(map[Replica]bool),
+		joining:       make(map[Replica]bool),
 		unreachableAt: make(map[Replica]time.Time),
 		targets:       make(map[Replica]string),
 		want:          make(map[string]bool, len(spec.Targets)),
@@ -374,6 +376,9 @@ func (d *Deployment) log() *zerolog.Logger {
 func (d *Deployment) Start() {
 	d.mu.Lock()
 	for _, r := range d.replicas {
+		if d.joining[r] {
+			continue // in routing once its check on joining passes
+		}
 		r.SetState(StateRunning)
 		d.watchExitLocked(r)
 	}

@@ -2,6 +2,7 @@ package replica
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"slices"
@@ -165,3 +166,120 @@ func TestJoinCheckHoldsNoOtherBack(t *testing.T) {
 	}
 	eventually(t, "the mute target in routing once its check passed", func() bool { return slices.Contains(routedTargets(d), "mute") })
 }
+
+// failingGatedCheck's health check waits at a gate, then fails.
+type failingGatedCheck struct{ g *gate }
+
+func (failingGatedCheck) ServeHTTP(http.ResponseWriter, *http.Request) {}
+func (h failingGatedCheck) CheckHealth(ctx context.Context) error {
+	if err := h.g.wait(ctx); err != nil {
+		return err
+	}
+	return errors.New("bad: unhealthy")
+}
+
+// A replica whose check on joining is in flight when Start runs (a
+// discovery's first answer comes beside the proxy's start) is not put in
+// routing by Start, and its failed check keeps it out: a review found it
+// routed, never having passed a check.
+func TestStartDuringJoinCheck(t *testing.T) {
+	g := newGate()
+	spec := DeploymentSpec{App: "app", Name: "dep", Targets: []string{"a"}, HealthCheckPeriod: time.Hour,
+		HealthCheckTimeout: time.Second, GracefulShutdownTimeout: time.Second, MaxOngoingRequests: 1,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			var h Handler = Echo{}
+			if target == "bad" {
+				h = failingGatedCheck{g: g}
+			}
+			return []Replica{NewLocal(id, h, 1, onRelease)}, nil
+		}}
+	d, err := NewDeployment(context.Background(), spec, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	done := make(chan error, 1)
+	go func() { done <- d.SetTargets([]string{"a", "bad"}) }()
+	<-g.reached // bad is in d.replicas, StateStarting, its check in flight
+	d.Start()
+	g.open() // its check fails
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(routedTargets(d), "bad") {
+		t.Fatalf("bad in routing though its check on joining failed: routed %v", routedTargets(d))
+	}
+}
+
+// Stop during a check on joining ends it, and routes nothing after.
+func TestStopDuringJoinCheck(t *testing.T) {
+	mute := newGate()
+	var answered atomic.Bool
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"}, HealthCheckPeriod: time.Hour,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			var h Handler = Echo{}
+			if target == "mute" {
+				h = joinGatedCheck{g: mute, answered: &answered}
+			}
+			return []Replica{NewLocal(id, h, 1, onRelease)}, nil
+		}})
+	done := make(chan error, 1)
+	go func() { done <- d.SetTargets([]string{"a", "mute"}) }()
+	<-mute.reached
+	start := time.Now()
+	if err := d.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		t.Logf("SetTargets after Stop = %v (%v)", err, time.Since(start))
+	case <-time.After(2 * time.Second):
+		t.Fatal("SetTargets still waiting after Stop")
+	}
+	if got := routedTargets(d); len(got) != 0 {
+		t.Fatalf("routed %v after Stop", got)
+	}
+}
+
+// With no health checks, a joining replica is in routing at once.
+func TestJoinWithNoHealthPeriod(t *testing.T) {
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"},
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			return []Replica{NewLocal(id, Echo{}, 1, onRelease)}, nil
+		}})
+	if err := d.SetTargets([]string{"b"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := routedTargets(d); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("routed %v", got)
+	}
+}
+
+// A reconfigure refused by a replica whose join check is in flight keeps
+// it out of routing once its check passes.
+func TestReconfigureDuringJoinCheck(t *testing.T) {
+	mute := newGate()
+	var answered atomic.Bool
+	d := startDeployment(t, DeploymentSpec{Targets: []string{"a"}, HealthCheckPeriod: time.Hour,
+		Connect: func(_ context.Context, id, target string, onRelease func()) ([]Replica, error) {
+			var h Handler = reconfEcho{}
+			if target == "mute" {
+				h = joinGatedCheck{g: mute, answered: &answered} // no Reconfigurer: refuses
+			}
+			return []Replica{NewLocal(id, h, 1, onRelease)}, nil
+		}})
+	done := make(chan error, 1)
+	go func() { done <- d.SetTargets([]string{"a", "mute"}) }()
+	<-mute.reached
+	res, err := d.Reconfigure(context.Background(), json.RawMessage(`{"x":1}`))
+	t.Logf("reconfigure: %v %v", res, err)
+	mute.open()
+	<-done
+	if slices.Contains(routedTargets(d), "mute") {
+		t.Fatalf("mute routed after refusing the user_config: %v", routedTargets(d))
+	}
+}
+
+type reconfEcho struct{ Echo }
+
+func (reconfEcho) Reconfigure(context.Context, json.RawMessage) error { return nil }
