@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // DefaultHealthPath is the path that Upstream.CheckHealth GETs when
@@ -443,6 +444,13 @@ func discard(body io.ReadCloser) {
 func (u *Upstream) roundTripError(r *http.Request, err error, untouched bool) error {
 	if cerr := r.Context().Err(); cerr != nil {
 		return cerr // the client left, or the proxy's deadline passed
+	}
+	if d, ok := r.Context().Deadline(); ok && !time.Now().Before(d) {
+		// The proxy's deadline passed, its context not told yet: a dial
+		// it cut ("i/o timeout") is no fault of the replica's, which
+		// left routing for it (a tester: 503 for every request until a
+		// health check passed).
+		return context.DeadlineExceeded
 	}
 	var be *clientBodyError
 	if errors.As(err, &be) {

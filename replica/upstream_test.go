@@ -1267,3 +1267,26 @@ func FuzzHasToken(f *testing.F) {
 		}
 	})
 }
+
+// lateContext is a context whose deadline has passed before its Done is
+// closed, as a timer's context is for a moment.
+type lateContext struct{ context.Context }
+
+func (lateContext) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+// A dial cut by the proxy's own deadline, its context not yet told, is the
+// deadline's (408), not the replica's: it was reported unreachable and
+// left routing, every request a 503 until a health check passed (a
+// tester, at a queue's end as the held slots freed at the deadline).
+func TestDialCutAtTheDeadlineIsNoReplicasFault(t *testing.T) {
+	u, err := NewUpstream("r", "http://127.0.0.1:1", UpstreamOptions{MaxOngoing: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	r := httptest.NewRequest(http.MethodGet, "/", nil).WithContext(lateContext{context.Background()})
+	dialErr := &net.OpError{Op: "dial", Net: "tcp", Err: context.DeadlineExceeded}
+	if err := u.roundTripError(r, dialErr, true); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("roundTripError = %v, want the proxy's deadline", err)
+	}
+}
