@@ -65,25 +65,26 @@ func (c *Config) Warnings() []FieldError {
 // while each deployment reports its own.
 func (c *Config) sharedHosts() []FieldError {
 	var ws []FieldError
-	first := make(map[string]string) // host address -> the field that listed it first
+	first := make(map[string]string) // host address -> the deployment that listed it first
 	for i, app := range c.Applications {
 		for j, d := range app.Deployments {
 			if d.Handler != HandlerHost {
 				continue
 			}
+			dep := fmt.Sprintf("applications[%d].deployments[%d]", i, j)
 			for k, h := range d.Hosts {
-				f := fmt.Sprintf("applications[%d].deployments[%d].hosts[%d]", i, j, k)
 				key := strings.ToLower(h)
 				prev, ok := first[key]
 				if !ok {
-					first[key] = f
+					first[key] = dep
 					continue
 				}
-				if strings.HasPrefix(prev, fmt.Sprintf("applications[%d].deployments[%d].", i, j)) {
+				if prev == dep {
 					continue // a duplicate in one list is an error of its own
 				}
+				f := fmt.Sprintf("%s.hosts[%d]", dep, k)
 				ws = append(ws, FieldError{Line: c.Line(f), Field: f, Msg: fmt.Sprintf(
-					"%s is a host of %s too: its actors serve both deployments with one user_config, and a reconfigure of either (a reload, PUT .../user_config) changes what the other's requests get", h, strings.TrimSuffix(prev, prev[strings.LastIndex(prev, "."):]))})
+					"%s is a host of %s too: its actors serve both deployments with one user_config, and a reconfigure of either (a reload, PUT .../user_config) changes what the other's requests get", h, prev)})
 			}
 		}
 	}

@@ -777,8 +777,7 @@ var (
 // leading 0 and an 8 or a 9: YAML 1.1 (and so the parser, and Serve's
 // PyYAML) reads a leading 0 as octal, and left this one a string.
 func octalMistake(v string) bool {
-	v = strings.TrimLeft(v, "+-")
-	return len(v) > 1 && v[0] == '0' && strings.ContainsAny(v, "89")
+	return leadingZero(v) && strings.ContainsAny(v, "89")
 }
 
 // octalMessage says why octalMistake's numbers are refused.

@@ -519,7 +519,7 @@ func (d *Deployment) retireGoneLocked(gone []Replica, note string) {
 	d.spec.NumReplicas = len(d.replicas)
 }
 
-// connectTargets adds the replicas dialTargets connected for fresh,
+// connectTargets adds the replicas connected for fresh,
 // targets the deployment has no replicas of, to routing (given the
 // user_config first). It returns each target's error, and a
 // *ConfigRefusedError for each target connected whose replicas did not
@@ -546,20 +546,6 @@ func (d *Deployment) connectTargets(fresh []string, conns [][]Replica, errs []er
 	return errs, refused, check
 }
 
-// dialTargets connects fresh at once, so that a target that does not
-// answer (a replica host still starting, say) costs the others no wait.
-// It needs no lock.
-func (d *Deployment) dialTargets(fresh []string) ([][]Replica, []error) {
-	errs := make([]error, len(fresh))
-	conns := make([][]Replica, len(fresh))
-	var wg sync.WaitGroup
-	for i, t := range fresh {
-		wg.Go(func() { conns[i], errs[i] = d.connect(d.ctx, t) })
-	}
-	wg.Wait()
-	return conns, errs
-}
-
 // dropConns stops replicas dialled but not taken.
 func (d *Deployment) dropConns(conns [][]Replica) {
 	d.mu.Lock()
@@ -578,7 +564,7 @@ func (d *Deployment) dropConns(conns [][]Replica) {
 	}
 }
 
-// addTargets adds the replicas dialTargets connected for fresh to
+// addTargets adds the replicas connected for fresh to
 // routing, given the user_config first, and returns each target's error.
 // control must be held.
 func (d *Deployment) addTargets(fresh []string, conns [][]Replica, errs []error) (_ []error, check func()) {
@@ -684,18 +670,18 @@ const joinCheckTimeout = 5 * time.Second
 // are not checked; nor is any when the deployment has no health checks,
 // which nothing would then bring in.
 func (d *Deployment) checkJoining(ctx context.Context, joining []Replica, joined func(r Replica, err error)) {
-	var check []Replica
+	var check, unchecked []Replica
 	d.mu.Lock()
 	for _, r := range joining {
 		if d.healthPeriod.Load() > 0 && !d.unsync[r] {
 			check = append(check, r)
+		} else {
+			unchecked = append(unchecked, r)
 		}
 	}
 	d.mu.Unlock()
-	for _, r := range joining {
-		if !slices.Contains(check, r) {
-			joined(r, nil)
-		}
+	for _, r := range unchecked {
+		joined(r, nil)
 	}
 	if len(check) == 0 {
 		return

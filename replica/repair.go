@@ -155,7 +155,8 @@ func (d *Deployment) renewTarget(ctx context.Context, target string) bool {
 	// Dialled without control: a target that does not answer (its
 	// connect waits out a timeout at every health check) must hold up no
 	// reload, reconfigure or scale.
-	conns, errs := d.dialTargets([]string{target})
+	rs, dialErr := d.connect(d.ctx, target)
+	conns, errs := [][]Replica{rs}, []error{dialErr}
 	d.control.Lock()
 	check := func() {}
 	defer func() {

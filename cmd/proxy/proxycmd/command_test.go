@@ -36,6 +36,8 @@ func TestCheckExecutable(t *testing.T) {
 		{"interpreter not executable", "#!" + notExec + "\n", "which is not executable", false},
 		{"no #! line", "echo hi\n", "has no #! line and is no binary", true},
 		{"a broken ELF file", "\x7fELF\x09\x01\x01 nothing more", "is no valid executable: ELF class", true},
+		{"an ELF header cut short", "\x7fELF\x02\x01", "an ELF header cut short", true},
+		{"an ELF file of no byte order", "\x7fELF\x02\x07\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\x3e\x00", "ELF byte order", true},
 		{"an ELF object file", "\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00", "an ELF file of type ET_REL, not an executable", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
