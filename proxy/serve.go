@@ -349,8 +349,7 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 		if p.opts.RequestTimeout > 0 {
 			res.abandoned, res.err = p.serveWithDeadline(ctx, h, release, sw, r)
 		} else {
-			res.err = h.Serve(sw, r)
-			release()
+			res.err = p.serveOn(h, release, sw, r, start, &res)
 		}
 		if res.err == nil {
 			break
@@ -409,6 +408,53 @@ func (p *Proxy) route(sw *statusWriter, r *http.Request, start time.Time) result
 	return res
 }
 
+// serveOn runs r on h and frees h's slot after. A handler that ends its
+// goroutine (runtime.Goexit, as t.FailNow does) never returns to route:
+// its slot is freed and its request answered and recorded on the way
+// out, or the slot would be lost for good, the client find its connection
+// closed, and the logs and metrics show nothing. (Not a defer in route,
+// whose many returns would cost every request a defer record.)
+func (p *Proxy) serveOn(h replica.Handle, release func(), sw *statusWriter, r *http.Request, start time.Time, res *result) error {
+	returned := false
+	defer func() {
+		release()
+		if !returned {
+			p.endedInHandler(sw, r, start, res)
+		}
+	}()
+	err := h.Serve(sw, r)
+	returned = true
+	return err
+}
+
+// endedInHandler answers and records a request whose handler ended the
+// request's goroutine: nothing after route runs for it, and net/http
+// closes its connection without writing out what is buffered. An answer
+// the handler had begun is cut there.
+func (p *Proxy) endedInHandler(sw *statusWriter, r *http.Request, start time.Time, res *result) {
+	res.err, res.status = replica.ErrHandlerExited, http.StatusInternalServerError
+	res.end = time.Now()
+	res.replicaEnd = res.end
+	if sw.wroteHeader || !sw.switchedAt.IsZero() {
+		res.abort = sw.switchedAt.IsZero()
+	} else {
+		msg := errorMessage(res.status, res.err)
+		h := sw.Header()
+		h.Set("Connection", "close")
+		h.Set("Content-Length", strconv.Itoa(len(msg)+1)) // writeError's line
+		writeError(sw, res.status, msg)
+		_ = sw.FlushError()
+	}
+	if r.Method != http.MethodHead {
+		res.bytes = sw.sent
+	}
+	var id string
+	if ids := r.Header[requestIDHeader]; len(ids) > 0 {
+		id = ids[0]
+	}
+	p.record(r, id, start, res)
+}
+
 // serveWithDeadline runs the handler in its own goroutine so that the proxy
 // can answer 408 at the deadline even if the handler ignores its context.
 // The replica's slot is held until the handler really returns: the limit
@@ -422,7 +468,9 @@ func (p *Proxy) serveWithDeadline(ctx context.Context, h replica.Handle, release
 	done := make(chan error, 1)
 	go func() {
 		defer release()
-		done <- h.Serve(dw, r)
+		err := replica.ErrHandlerExited // unless it returns
+		defer func() { done <- err }()
+		err = h.Serve(dw, r)
 	}()
 	select {
 	case err := <-done:

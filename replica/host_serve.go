@@ -92,7 +92,19 @@ func (c *hostSession) serve(hr *hostRequest, l *Local, release func(), buf *[]by
 	}
 	w := &hr.w
 	*w = hostWriter{c: c, s: s}
+	returned := false
+	defer func() {
+		if !returned {
+			// The handler ended its goroutine (runtime.Goexit): its slot
+			// and its answer are still due, or the actor would be a slot
+			// short for good and the request never answered.
+			release()
+			w.finish(ErrHandlerExited)
+			w.free()
+		}
+	}()
 	err = l.Serve(w, req)
+	returned = true
 	// The handler is done: its slot is free before its answer goes out,
 	// so that the proxy, which frees its own slot on the answer, never
 	// finds the actor fuller than it thinks.

@@ -2,6 +2,7 @@ package replica
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"runtime/debug"
@@ -92,6 +93,12 @@ func (l *Local) Stop(context.Context) error {
 
 // Handler returns the replica's user code.
 func (l *Local) Handler() Handler { return l.handler }
+
+// ErrHandlerExited is the error of a request whose handler ended its
+// goroutine (runtime.Goexit, as t.FailNow does) rather than return: no
+// recover sees it, so the callers of Local.Serve answer for it, and free
+// its slot, on the way out.
+var ErrHandlerExited = errors.New("the handler ended its goroutine without returning (runtime.Goexit)")
 
 // Serve implements Handle: it runs the handler, turning a panic into an
 // error so that one bad request costs a 500, not the process, and the
