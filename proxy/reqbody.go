@@ -251,6 +251,10 @@ func connectionGone(err error) bool {
 // (or half-closed) before the end of the body it declared is a 499.
 var errClientLeftMidBody = errors.New("the client left before the end of its request body")
 
+// errClientLeftMidAnswer is why a request whose client left while an
+// in-process handler's answer was under way is a 499.
+var errClientLeftMidAnswer = errors.New("the client left before the end of its answer")
+
 // errClientLeftDuringBody is why a request whose answer was ready got
 // none: its client left while the rest of its body was read (settleBody).
 var errClientLeftDuringBody = errors.New("the client left while the rest of its request body was read, before its answer could go out")

@@ -574,6 +574,18 @@ func (p *Proxy) finish(sw *statusWriter, r *http.Request, res *result) int {
 	// ends the request's context too (net/http's doing): not the client's
 	// leaving.
 	ownCut := sw.reqBody != nil && sw.reqBody.cut.Load()
+	leftMidBody := sw.reqBody != nil && sw.reqBody.gone.Load() && !sw.headerOut // serveApp's to tell
+	if sw.wroteHeader && sw.switchedAt.IsZero() && errors.Is(r.Context().Err(), context.Canceled) && !ownCut && !leftMidBody && !sw.sentWhole() {
+		// Its client left while the answer was under way, before the
+		// handler was done (net/http ended the request's context): it did
+		// not get the answer whole, however the handler took it. A
+		// tester's stream that stopped at its context, and an answer
+		// written after its client had gone, were recorded as 200s.
+		if res.err == nil {
+			res.err = errClientLeftMidAnswer
+		}
+		return StatusClientClosedRequest
+	}
 	if ctxErr := r.Context().Err(); !sw.wroteHeader && ctxErr != nil && !(ownCut && errors.Is(ctxErr, context.Canceled)) {
 		// The handler gave up on a request whose client left (499: nothing
 		// is written) or whose deadline passed (408).
@@ -632,10 +644,10 @@ func (p *Proxy) record(r *http.Request, id string, start time.Time, res *result)
 		replica:    replicaID,
 		remoteAddr: r.RemoteAddr,
 	}
-	if res.err != nil && (res.status >= 500 || res.status == http.StatusSwitchingProtocols || res.sendTimedOut || errors.Is(res.err, errClientLeftDuringBody) || errors.Is(res.err, errClientLeftMidBody)) {
+	if res.err != nil && (res.status >= 500 || res.status == http.StatusSwitchingProtocols || res.sendTimedOut || errors.Is(res.err, errClientLeftDuringBody) || errors.Is(res.err, errClientLeftMidBody) || errors.Is(res.err, errClientLeftMidAnswer)) {
 		// Why: a replica's 500, 502 or 504, a WebSocket's replica gone, a
 		// client that stopped reading, or one that left before its
-		// answer, ready, could go out.
+		// answer, ready, could go out, or before its end.
 		e.err = clipped(res.err.Error())
 	}
 	p.access.write(rs.log, &e)

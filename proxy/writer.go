@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -143,6 +144,17 @@ func (sw *statusWriter) Write(b []byte) (int, error) {
 		sw.writeErr = err
 	}
 	return n, err
+}
+
+// sentWhole reports whether the handler wrote all of the body its
+// Content-Length declared.
+func (sw *statusWriter) sentWhole() bool {
+	v := sw.w.Header()["Content-Length"]
+	if len(v) == 0 {
+		return false
+	}
+	n, err := strconv.Atoi(v[0])
+	return err == nil && sw.sent >= n
 }
 
 // Flush implements http.Flusher, so that streamed responses stream.
