@@ -60,7 +60,9 @@ func TestTimeoutCutNeverLandsOnAHijackedConn(t *testing.T) {
 	dw := newDeadlineWriter(sw)
 	handlerDone := make(chan error, 1)
 	go func() {
-		if _, err := dw.Write([]byte("x")); err != nil {
+		// Past what the deadline writer holds: the write reaches the
+		// connection.
+		if _, err := dw.Write(make([]byte, bufferedBody+1)); err != nil {
 			handlerDone <- err
 			return
 		}
@@ -70,8 +72,10 @@ func TestTimeoutCutNeverLandsOnAHijackedConn(t *testing.T) {
 		}
 		handlerDone <- err
 	}()
-	for dw.writing.Load() == 0 {
-		time.Sleep(time.Millisecond)
+	for start := time.Now(); dw.writing.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("the handler's write never began")
+		}
 	}
 	hijacked, cut := dw.close()
 	err := <-handlerDone

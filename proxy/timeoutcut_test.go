@@ -92,3 +92,40 @@ func TestRequestTimeoutWithUnreadBodyIs408(t *testing.T) {
 		}
 	}
 }
+
+// A handler that wrote its whole small answer but is still running at the
+// request's deadline gets a clean 408: the answer, held back as net/http
+// holds it, had not begun. Before, it sat in net/http's buffer, could be
+// neither sent nor taken back, and the connection was cut with nothing
+// sent (a tester saw 3 to 6 in 100 such, logged 408 with the handler's
+// bytes; Go's client sent each GET again).
+func TestDeadlineDropsAnAnswerNotBegun(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	h := handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Handler", "yes")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "done")
+		select { // past the deadline, ignoring its context
+		case <-release:
+		case <-time.After(2 * time.Second):
+		}
+	})
+	tp := startProxy(t, Options{RequestTimeout: 200 * time.Millisecond}, testDeployment{app: "a", prefix: "/", factory: h})
+	resp, err := http.Get(tp.url + "/")
+	if err != nil {
+		t.Fatalf("an answer written, not begun, at the deadline: %v, want a 408", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout || resp.Header.Get("X-Handler") != "" || string(body) != "Request timed out\n" {
+		t.Fatalf("an answer written, not begun, at the deadline: %d %v %q, want the proxy's 408 alone", resp.StatusCode, resp.Header, body)
+	}
+	var lines map[string]map[string]any
+	waitFor(t, "line", func() bool { lines = accessLines(tp); return len(lines) == 1 })
+	for _, l := range lines {
+		if l["status"] != float64(408) || l["bytes"] != float64(len(body)) {
+			t.Errorf("logged %v with %v bytes, want 408 with the %d the client got", l["status"], l["bytes"], len(body))
+		}
+	}
+}

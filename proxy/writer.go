@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -254,49 +255,138 @@ type deadlineWriter struct {
 	// refused is set when a Write came after the deadline and went
 	// nowhere: a handler that then returned did not finish its answer.
 	refused atomic.Bool
+
+	// The answer's beginning is held here, as net/http holds it (up to
+	// bufferedBody bytes of body, the header with them), until the
+	// handler writes past that, flushes or returns: at the deadline, an
+	// answer still held is dropped for a clean 408. One in net/http's
+	// buffer could be neither sent nor taken back: the connection was
+	// cut with nothing sent, and a tester's Go client sent its GET again.
+	// heldCode is the status WriteHeader gave (0 for none); heldHeader
+	// the header as it was then, or at the first write; passed is set
+	// once what was held went to w.
+	heldCode   int
+	heldHeader http.Header
+	held       *[]byte
+	passed     bool
 }
+
+// heldPool holds the bodies deadline writers hold.
+var heldPool = sync.Pool{New: func() any { b := make([]byte, 0, bufferedBody); return &b }}
 
 func newDeadlineWriter(w *statusWriter) *deadlineWriter {
 	return &deadlineWriter{w: w, header: make(http.Header)}
+}
+
+// holdHeaderLocked takes the header the answer goes out with, when the
+// handler decides it (its WriteHeader, first write or flush): what it
+// sets after is not sent, as with net/http, but for its trailers. mu must
+// be held.
+func (dw *deadlineWriter) holdHeaderLocked() {
+	if dw.heldHeader == nil {
+		dw.heldHeader = dw.header.Clone()
+	}
+}
+
+// passLocked hands what the handler has written so far to w: the answer
+// has begun. mu must be held.
+func (dw *deadlineWriter) passLocked() error {
+	dw.passed = true
+	if !dw.w.wroteHeader {
+		h := dw.heldHeader
+		if h == nil {
+			h = dw.header // a Flush or Hijack before anything was written
+		}
+		dst := dw.w.Header()
+		for k, v := range h {
+			dst[k] = v
+		}
+	}
+	if dw.heldCode != 0 {
+		dw.w.WriteHeader(dw.heldCode)
+	}
+	if dw.held == nil {
+		return nil
+	}
+	_, err := dw.w.Write(*dw.held)
+	dw.dropHeldLocked()
+	return err
+}
+
+// dropHeldLocked gives back the held body. mu must be held.
+func (dw *deadlineWriter) dropHeldLocked() {
+	if dw.held != nil {
+		*dw.held = (*dw.held)[:0]
+		heldPool.Put(dw.held)
+		dw.held = nil
+	}
 }
 
 // Header implements http.ResponseWriter. The map is the handler's own, so
 // that the proxy can answer 408 without racing on it.
 func (dw *deadlineWriter) Header() http.Header { return dw.header }
 
-func (dw *deadlineWriter) copyHeaderLocked() {
-	if dw.w.wroteHeader {
-		return
-	}
-	dst := dw.w.Header()
-	for k, v := range dw.header {
-		dst[k] = v
-	}
-}
-
 // WriteHeader implements http.ResponseWriter.
 func (dw *deadlineWriter) WriteHeader(code int) {
+	if code < 100 || code > 999 {
+		// In the handler's goroutine, as net/http does: later, in the
+		// proxy's, it would be no panic of the handler's.
+		panic(fmt.Sprintf("invalid WriteHeader code %v", code))
+	}
 	dw.mu.Lock()
 	defer dw.mu.Unlock()
 	if dw.closed || dw.expired.Load() {
 		return
 	}
-	dw.copyHeaderLocked()
-	dw.w.WriteHeader(code)
+	if dw.passed || code < 200 && code != http.StatusSwitchingProtocols {
+		// An informational header (103 Early Hints) goes out at once, as
+		// net/http sends it.
+		if !dw.w.wroteHeader {
+			dst := dw.w.Header()
+			for k, v := range dw.header {
+				dst[k] = v
+			}
+		}
+		dw.w.WriteHeader(code)
+		return
+	}
+	if dw.heldCode == 0 {
+		dw.heldCode = code
+		dw.holdHeaderLocked()
+	}
 }
 
 // Write implements http.ResponseWriter.
 func (dw *deadlineWriter) Write(b []byte) (int, error) {
 	dw.mu.Lock()
 	defer dw.mu.Unlock()
-	if !dw.beginWriteLocked() {
+	if dw.closed || dw.expired.Load() {
 		// Bytes that went nowhere: the answer is cut. (A flush refused
 		// is not: the bytes written before the deadline go out as the
 		// handler returns.)
 		dw.refused.Store(true)
 		return 0, http.ErrHandlerTimeout
 	}
+	if !dw.passed {
+		dw.holdHeaderLocked()
+		if dw.held == nil {
+			dw.held = heldPool.Get().(*[]byte)
+		}
+		if len(*dw.held)+len(b) <= bufferedBody {
+			*dw.held = append(*dw.held, b...)
+			return len(b), nil
+		}
+	}
+	if !dw.beginWriteLocked() {
+		dw.refused.Store(true)
+		return 0, http.ErrHandlerTimeout
+	}
 	defer dw.writing.Add(-1)
+	if !dw.passed {
+		if err := dw.passLocked(); err != nil {
+			return 0, err
+		}
+	}
 	return dw.w.Write(b)
 }
 
@@ -308,6 +398,12 @@ func (dw *deadlineWriter) Flush() {
 		return
 	}
 	defer dw.writing.Add(-1)
+	if !dw.passed {
+		dw.holdHeaderLocked()
+		if dw.passLocked() != nil {
+			return
+		}
+	}
 	dw.w.Flush()
 }
 
@@ -317,7 +413,6 @@ func (dw *deadlineWriter) beginWriteLocked() bool {
 	if dw.closed || dw.expired.Load() {
 		return false
 	}
-	dw.copyHeaderLocked()
 	// Counted, then expired read again: close reads them the other way
 	// round, so that it sees this write or this write sees it.
 	dw.writing.Add(1)
@@ -364,6 +459,12 @@ func (dw *deadlineWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		// a write it saw, which must not land on a taken connection.
 		return nil, nil, http.ErrHandlerTimeout
 	}
+	if !dw.passed {
+		// net/http's Hijack sends a header written before it (a 101).
+		if err := dw.passLocked(); err != nil {
+			return nil, nil, err
+		}
+	}
 	c, brw, err := dw.w.Hijack()
 	if err != nil {
 		return nil, nil, err
@@ -392,6 +493,7 @@ func (dw *deadlineWriter) close() (hijacked, cut bool) {
 	defer dw.mu.Unlock()
 	dw.closed = true
 	dw.w.cutAtDeadline = cut
+	dw.dropHeldLocked() // not begun: the proxy answers 408
 	return dw.hijacked, cut
 }
 
@@ -404,6 +506,10 @@ func (dw *deadlineWriter) close() (hijacked, cut bool) {
 func (dw *deadlineWriter) finish(err error) {
 	dw.mu.Lock()
 	defer dw.mu.Unlock()
+	if err == nil && !dw.passed && !dw.closed {
+		_ = dw.passLocked() // its failure is the statusWriter's to note
+	}
+	dw.dropHeldLocked() // a failed handler's answer, not begun: the proxy answers for it
 	if dw.w.wroteHeader || err == nil {
 		dst := dw.w.Header()
 		for k, v := range dw.header {
