@@ -41,9 +41,12 @@ func isHopHeader(k string) bool {
 // nor one the proxy decides on in the header (X-Forwarded-*, Forwarded,
 // X-Real-Ip, Via, X-Request-Id): a trailer must not get around the
 // header's rules (found by a tester: a client's X-Forwarded-For trailer
-// reached the replica unchecked).
+// reached the replica unchecked). Nor does a name that is no token: net/http
+// leaves one with a space before its colon as it came, not canonical
+// ("x-forwarded-for "), which would get past these rules, and which
+// RFC 9112 (5.1) has a server refuse.
 func trailerPasses(k string) bool {
-	if isHopHeader(k) || strings.HasPrefix(k, "If-") || strings.HasPrefix(k, "X-Forwarded-") {
+	if !validToken(k) || isHopHeader(k) || strings.HasPrefix(k, "If-") || strings.HasPrefix(k, "X-Forwarded-") {
 		return false
 	}
 	switch k {
