@@ -357,9 +357,23 @@ func connectionCloses(h http.Header) bool {
 //     connection stays (a POST shed with 503 under load).
 //
 // A replica that answers before the end of the upload (an early 401, a
-// failure) costs its client the connection, as with nginx.
+// failure) costs its client the connection, as with nginx. So does any
+// chunked request (see below).
 func (sw *statusWriter) closeIfBodyLeft() {
 	b := sw.reqBody
+	if b != nil && (b.length < 0 || sw.http10) {
+		// A chunked body: net/http drops a Content-Length beside it
+		// unseen, and RFC 9112 (6.1) has the server close the connection
+		// after such a request, as the rest may be another request to a
+		// front end that framed it by that length (a tester's two
+		// answers to one). Any chunked request's connection closes. So
+		// does an HTTP/1.0 request's with a body: net/http drops its
+		// Transfer-Encoding unseen (golang/go#12785), framing it by its
+		// length, and RFC 9112 has that connection closed too.
+		sw.w.Header().Set("Connection", "close")
+		sw.closeSet = true
+		return
+	}
 	if b == nil || b.eof.Load() {
 		return
 	}
