@@ -715,7 +715,9 @@ func (cc *clientConn) writeHead(req *http.Request, hasBody, chunked bool) error 
 			}
 			_, _ = bw.WriteString(k)
 			_, _ = bw.WriteString(": ")
-			_, _ = bw.WriteString(strings.TrimSpace(v))
+			// Spaces and tabs only, as net/http trims: not a value's
+			// Unicode spaces (a tester's no-break spaces were cut).
+			_, _ = bw.WriteString(strings.Trim(v, " \t"))
 			_, _ = bw.WriteString("\r\n")
 		}
 	}

@@ -71,8 +71,10 @@ func passTrailers(dst, src http.Header) {
 // passHeader reports whether the client's header k goes on to the replica:
 // X-Request-Id always, else not a hop-by-hop one nor one the Connection
 // values conn name, not one the proxy sets itself (X-Forwarded-For, -Proto
-// and -Host; Via when it adds its own, via), and Forwarded and X-Real-IP only from a trusted
-// peer, as they are the client's own word for its address otherwise.
+// and -Host; Via when it adds its own, via), and Forwarded, X-Real-IP, the
+// other X-Forwarded-* and X-Original-URL (and X-Rewrite-URL) only from a
+// trusted peer, as they are the client's own word for its address, scheme
+// or path otherwise.
 func passHeader(k string, conn []string, trust, via bool) bool {
 	if k == "X-Request-Id" {
 		// The proxy's own (read or made, echoed and logged): a client's
@@ -85,12 +87,15 @@ func passHeader(k string, conn []string, trust, via bool) bool {
 	switch k {
 	case "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host":
 		return false
-	case "Forwarded", "X-Real-Ip":
+	case "Forwarded", "X-Real-Ip", "X-Original-Url", "X-Rewrite-Url":
 		return trust
 	case "Via":
 		return !via
 	}
-	return true
+	// The rest of X-Forwarded-* (-Port, -Prefix, -Ssl, -Scheme...), as
+	// frameworks honour them (Spring, Werkzeug's ProxyFix, Rack), are a
+	// proxy's word too, not a client's (found by a tester).
+	return trust || !strings.HasPrefix(k, "X-Forwarded-")
 }
 
 // hasToken reports whether one of the comma-separated lists in values holds

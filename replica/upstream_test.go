@@ -362,15 +362,19 @@ func TestUpstreamForwardedHeaders(t *testing.T) {
 			}
 			r.Header.Set("Forwarded", "for=6.6.6.6")
 			r.Header.Set("X-Real-Ip", "6.6.6.6")
+			// As frameworks honour them (a tester).
+			r.Header.Set("X-Forwarded-Port", "443")
+			r.Header.Set("X-Forwarded-Prefix", "/admin")
+			r.Header.Set("X-Original-Url", "/admin")
 			w := newSpy()
 			if err := serveOnce(t, u, w, r); err != nil {
 				t.Fatal(err)
 			}
 			e := decodeEcho(t, w.body.Bytes())
-			// Forwarded and X-Real-IP are kept from a trusted peer only
-			// (the cases named so).
+			// A proxy's word on the client is kept from a trusted peer
+			// only (the cases named so).
 			trusted := strings.HasPrefix(tc.name, "trusted")
-			for _, k := range []string{"Forwarded", "X-Real-Ip"} {
+			for _, k := range []string{"Forwarded", "X-Real-Ip", "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Original-Url"} {
 				if _, kept := e.Header[k]; kept != trusted {
 					t.Errorf("%s kept: %v, want %v", k, kept, trusted)
 				}
@@ -1324,5 +1328,27 @@ func TestUpstreamRequestTrailersNotTokens(t *testing.T) {
 	}
 	if tr := <-got; len(tr) != 1 || tr.Get("X-T") != "ok" {
 		t.Fatalf("the replica saw request trailers %q, want X-T: ok alone", tr)
+	}
+}
+
+// A header value's Unicode spaces reach the replica: only spaces and tabs
+// are trimmed, as net/http trims (a tester's no-break spaces were cut).
+func TestUpstreamKeepsUnicodeSpacesInValues(t *testing.T) {
+	leakCheck(t)
+	u := newUpstream(t, echoBackend(t).URL, UpstreamOptions{})
+	r := httptest.NewRequest(http.MethodGet, "http://front.test/", nil)
+	r.RemoteAddr = "192.0.2.7:1234"
+	r.Header.Set("X-A", "\u00a0foo\u00a0")
+	r.Header.Set("X-C", "\u3000v")
+	w := newSpy()
+	if err := serveOnce(t, u, w, r); err != nil {
+		t.Fatal(err)
+	}
+	e := decodeEcho(t, w.body.Bytes())
+	if got := e.Header["X-A"]; len(got) != 1 || got[0] != "\u00a0foo\u00a0" {
+		t.Errorf("X-A = %q, want it as sent", got)
+	}
+	if got := e.Header["X-C"]; len(got) != 1 || got[0] != "\u3000v" {
+		t.Errorf("X-C = %q, want it as sent", got)
 	}
 }
