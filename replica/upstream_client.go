@@ -802,6 +802,10 @@ func (h *headDeadline) headRead() error {
 	return h.conn.SetReadDeadline(time.Time{})
 }
 
+// headFlushDelay is how long a request's head waits for the first part of
+// its body, to go out in one write with it (see copyRequestBody).
+const headFlushDelay = time.Millisecond
+
 // copyRequestBody writes req's body; bodyFailed says that an error came
 // from the body, not from the connection. With deadline, each write may
 // wait for the replica to take it for deadline.d: a replica that stops
@@ -823,8 +827,24 @@ func (cc *clientConn) copyRequestBody(req *http.Request, chunked bool, deadline 
 		_ = cc.conn.SetWriteDeadline(t)
 	}
 	defer waiting(false)
+	// The head waits in bw for the body's first part, to go out with it
+	// in one write; a body not there at once (a client sending it slowly,
+	// or waiting for its 100 Continue) lets the head go on after
+	// headFlushDelay, as net/http sends it at once: a replica's header or
+	// idle timeout must not run out on a request it was never sent (a
+	// tester's 502s, from a Go server with ReadHeaderTimeout).
+	var headMu sync.Mutex
+	headOut := false
+	flushHead := time.AfterFunc(headFlushDelay, func() {
+		headMu.Lock()
+		defer headMu.Unlock()
+		if !headOut {
+			headOut = true
+			_ = bw.Flush() // a failure is the body's write's to meet
+		}
+	})
 	left := req.ContentLength
-	for {
+	for first := true; ; first = false {
 		p := buf
 		if !chunked && int64(len(p)) > left {
 			p = p[:left]
@@ -834,6 +854,12 @@ func (cc *clientConn) copyRequestBody(req *http.Request, chunked bool, deadline 
 			n, rerr = req.Body.Read(p)
 		} else {
 			rerr = io.EOF
+		}
+		if first {
+			flushHead.Stop()
+			headMu.Lock()
+			headOut = true
+			headMu.Unlock()
 		}
 		if n > 0 {
 			waiting(true)

@@ -1352,3 +1352,39 @@ func TestUpstreamKeepsUnicodeSpacesInValues(t *testing.T) {
 		t.Errorf("X-C = %q, want it as sent", got)
 	}
 }
+
+// A request whose body comes late has its head sent on at once, not held
+// for the body's first part: a replica's header timeout (Go's
+// ReadHeaderTimeout) must not run out on a request it was never sent. A
+// tester's POST whose body came 3 s after its head was a 502 ("broke before
+// it answered") from a server with a 2 s ReadHeaderTimeout.
+func TestUpstreamHeadGoesOnBeforeALateBody(t *testing.T) {
+	leakCheck(t)
+	backend := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		_, _ = w.Write(b)
+	}))
+	backend.Config.ReadHeaderTimeout = 300 * time.Millisecond
+	backend.Start()
+	t.Cleanup(backend.Close)
+	u := newUpstream(t, backend.URL, UpstreamOptions{})
+	front, _, _ := frontend(t, u)
+	c, err := net.Dial("tcp", strings.TrimPrefix(front.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n")
+	time.Sleep(800 * time.Millisecond)
+	_, _ = io.WriteString(c, "hello")
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || string(body) != "hello" {
+		t.Fatalf("a body 800 ms after its head, to a replica with a 300 ms header timeout: %d %q, want 200 \"hello\"", res.StatusCode, body)
+	}
+}
