@@ -362,7 +362,7 @@ func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request) error {
 		bp := copyBufPool.Get().(*[]byte)
 		defer copyBufPool.Put(bp)
 		whole = (*bp)[:n]
-		if _, err := io.ReadFull(res.Body, whole); err != nil {
+		if err := readWhole(res.Body, whole); err != nil {
 			res.Body.Close()
 			o.body.detach()
 			return u.copyError(r, err)
@@ -515,6 +515,17 @@ func (u *Upstream) copyError(r *http.Request, err error) error {
 		return &InvalidResponseError{Replica: u.id, Err: err}
 	}
 	return &ReplicaError{Replica: u.id, Err: fmt.Errorf("the response broke off: %w", err)}
+}
+
+// readWhole reads all of len(p) bytes of body into p, bounded by the
+// replica timeout where the client is this package's (see
+// responseBody.readWhole).
+func readWhole(body io.Reader, p []byte) error {
+	if b, ok := body.(*responseBody); ok {
+		return b.readWhole(p)
+	}
+	_, err := io.ReadFull(body, p)
+	return err
 }
 
 // smallBodyBytes is the largest response body with a Content-Length that

@@ -416,6 +416,21 @@ type responseBody struct {
 	cr        io.Reader // the chunked decoder, made on first read
 	done      bool      // the connection is released
 	err       error     // what Read returns once done
+	bounded   bool      // the connection has a read deadline (readWhole)
+}
+
+// readWhole reads the body into p, all of it, bounded as the wait for its
+// head was (the response header timeout, replica_timeout_s): to the
+// client, which gets the answer once it is whole, it has not begun. A
+// replica that stopped partway through a small answer held its request,
+// and its slot, for as long as the client waited (a tester).
+func (b *responseBody) readWhole(p []byte) error {
+	if d := b.cc.pool.c.headerTimeout; d > 0 && !b.done {
+		b.bounded = true
+		_ = b.cc.conn.SetReadDeadline(time.Now().Add(d))
+	}
+	_, err := io.ReadFull(b, p)
+	return err
 }
 
 // errBodyClosed is a read of a response body after its Close.
@@ -533,6 +548,9 @@ func (b *responseBody) finish(reuse bool) {
 	if b.cc.br.Buffered() > 0 {
 		// The server sent more than its answer (a body on a 204, say):
 		// the next request's answer would begin with it.
+		reuse = false
+	}
+	if reuse && b.bounded && b.cc.conn.SetReadDeadline(time.Time{}) != nil {
 		reuse = false
 	}
 	if reuse {

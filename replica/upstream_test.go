@@ -1388,3 +1388,38 @@ func TestUpstreamHeadGoesOnBeforeALateBody(t *testing.T) {
 		t.Fatalf("a body 800 ms after its head, to a replica with a 300 ms header timeout: %d %q, want 200 \"hello\"", res.StatusCode, body)
 	}
 }
+
+// A small answer (read whole before it goes on) that its replica stops
+// sending partway is a 504 at the replica timeout, as a late head is:
+// nothing had gone to the client. A tester's request held its slot, and
+// its client, 30 s and more with replica_timeout_s 3. A whole one leaves
+// its connection to be used again, with no deadline left on it.
+func TestUpstreamSmallAnswerStalledIs504(t *testing.T) {
+	leakCheck(t)
+	const timeout = 300 * time.Millisecond
+	stalled, _ := countingServer(t, false, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+	u := newUpstream(t, stalled, UpstreamOptions{Transport: newClient(t, TransportOptions{ResponseHeaderTimeout: timeout})})
+	w := newSpy()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // bounds the test, not the proxy
+	defer cancel()
+	err := serveOnce(t, u, w, httptest.NewRequest(http.MethodGet, "http://front.test/", nil).WithContext(ctx))
+	if _, ok := errors.AsType[*TimeoutError](err); !ok || w.code != 0 {
+		t.Fatalf("an answer stalled partway: %v after %v (status written %d), want a TimeoutError with nothing written", err, time.Since(start), w.code)
+	}
+
+	whole, conns := countingServer(t, false, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi")
+	u = newUpstream(t, whole, UpstreamOptions{Transport: newClient(t, TransportOptions{ResponseHeaderTimeout: timeout})})
+	for i := range 2 {
+		if i == 1 {
+			time.Sleep(2 * timeout) // past a deadline left on the connection
+		}
+		w := newSpy()
+		if err := serveOnce(t, u, w, httptest.NewRequest(http.MethodGet, "http://front.test/", nil)); err != nil || w.body.String() != "hi" {
+			t.Fatalf("request %d: %v %q, want hi", i+1, err, w.body.String())
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("%d connections for two requests, want the first one used again", n)
+	}
+}
