@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // A handler that ends its goroutine (runtime.Goexit, as t.FailNow does)
@@ -74,5 +76,26 @@ func TestHandlerGoexitAnswered(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A panic after the answer began is logged as what it did: the answer cut,
+// not a 500 (a tester read "answered 500" beside the 200's head its client
+// got).
+func TestPanicAfterAnswerBeganLogLine(t *testing.T) {
+	logs := &syncBuffer{}
+	tp := startProxy(t, Options{Log: zerolog.New(logs)}, testDeployment{app: "a", prefix: "/", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "partial")
+		w.(http.Flusher).Flush()
+		panic("late")
+	})})
+	resp, err := http.Get(tp.url + "/")
+	if err == nil {
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	waitFor(t, "the panic's line", func() bool { return strings.Contains(logs.String(), `"panic":"late"`) })
+	if !strings.Contains(logs.String(), "handler panicked after its answer began; connection cut") {
+		t.Errorf("the panic's line: %s", logs.String())
 	}
 }

@@ -35,7 +35,7 @@ func newMetrics(reg prometheus.Registerer, deployments []*Deployment) (*metrics,
 	m := &metrics{
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "serve_num_http_error_requests_total",
-			Help: "The number of HTTP requests answered with a 4xx or 5xx status.",
+			Help: "The number of HTTP requests whose status is 4xx or 5xx, recorded ones included: 499 (the client left, nothing sent) and 503 (cut at the shutdown).",
 		}, []string{"route", "error_code", "method", "application"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "serve_http_request_latency_ms",
@@ -283,7 +283,7 @@ var requestsDesc = prometheus.NewDesc("serve_num_http_requests_total",
 // proxy sent the replica and leaves with the histogram (pruneReplicas),
 // its final count included.
 var replicaRequestsDesc = prometheus.NewDesc("serve_deployment_request_counter_total",
-	"The number of requests processed by the replica.",
+	"The number of requests this proxy sent the replica (the latency histogram's count).",
 	[]string{"application", "deployment", "replica", "route"}, nil)
 
 // histogramCount exports a histogram vector's sample counts as a counter
@@ -359,7 +359,7 @@ var (
 		"The number of requests the replica is processing now.",
 		[]string{"application", "deployment", "replica"}, nil)
 	peakDesc = prometheus.NewDesc("serve_replica_peak_processing_queries",
-		"The most requests the replica has processed at once since it started: never above its max_ongoing_requests.",
+		"The most requests the replica has processed at once since it started: never above the max_ongoing_requests in force then (a lowered limit leaves it above the new one).",
 		[]string{"application", "deployment", "replica"}, nil)
 	healthyDesc = prometheus.NewDesc("serve_deployment_replica_healthy",
 		"Whether the replica is healthy (1) or not (0).",

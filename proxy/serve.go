@@ -538,8 +538,13 @@ func (p *Proxy) finish(sw *statusWriter, r *http.Request, res *result) int {
 		var pe *replica.PanicError
 		if errors.As(err, &pe) {
 			msg := "handler panicked; answered 500"
-			if switched {
+			switch {
+			case switched:
 				msg = "handler panicked after taking its connection over"
+			case sw.wroteHeader:
+				// Its answer had begun: the client gets it cut, no 500
+				// (a tester read "answered 500" beside a 200's head).
+				msg = "handler panicked after its answer began; connection cut"
 			}
 			// Named as its access-log line is, to be found beside it.
 			ev := p.opts.Log.Error().Str("panic", fmt.Sprint(pe.Value)).Bytes("stack", pe.Stack)
