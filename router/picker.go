@@ -62,12 +62,36 @@ func (p *PowerOfTwo) Pick(replicas []replica.Handle) replica.Handle {
 	case fb:
 		return b
 	}
-	// Both sampled replicas are full: take the first free one after i, so
-	// that nil means that none is free.
-	for k := 1; k < n; k++ {
-		if h := replicas[(i+k)%n]; hasFree(h) {
-			return h
+	// Both sampled replicas are full: two others at random among the free
+	// ones (reservoir sampling: one pass, no allocation), the less loaded
+	// of them, so that nil means that none is free. (The first free one
+	// after i, as before, went by position, not load: a review's idle
+	// replica was picked less often than a busier one.)
+	var c, d replica.Handle
+	free := 0
+	for k, h := range replicas {
+		if k == i || k == j || !hasFree(h) {
+			continue
+		}
+		free++
+		switch {
+		case free == 1:
+			c = h
+		case free == 2:
+			d = h
+		default:
+			// Each of the free ones seen so far is kept with
+			// probability 2/free.
+			switch p.intN(free) {
+			case 0:
+				c = h
+			case 1:
+				d = h
+			}
 		}
 	}
-	return nil
+	if d != nil && d.Ongoing() < c.Ongoing() {
+		return d
+	}
+	return c
 }

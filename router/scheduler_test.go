@@ -352,3 +352,42 @@ func TestSchedulerBackoffCountsAsQueued(t *testing.T) {
 		t.Fatalf("Backoff with room: %v", err)
 	}
 }
+
+// When both replicas drawn are full, the pick is still the less loaded of
+// two free ones, not the first free one by position: over every draw of
+// two among three full replicas, one with a slot left and one idle, the
+// idle one is picked whenever both drawn are full (a review: the busier
+// one was picked 12 times in 20, by its place in the list).
+func TestPowerOfTwoBothFullPicksByLoad(t *testing.T) {
+	s := NewScheduler(nil, -1)
+	ls := newLocals(s, 5, 4)
+	for k, held := range []int{4, 4, 4, 3, 0} {
+		for range held {
+			if _, ok := ls[k].TryAcquire(); !ok {
+				t.Fatal("acquire")
+			}
+		}
+	}
+	hs := s.Replicas()
+	picks := map[string]int{}
+	n := len(hs)
+	for i := range n {
+		for j := range n - 1 {
+			calls := 0
+			p := &PowerOfTwo{IntN: func(int) int {
+				calls++
+				if calls == 1 {
+					return i
+				}
+				return j
+			}}
+			picks[p.Pick(hs).ID()]++
+		}
+	}
+	busier, idle := picks[ls[3].ID()], picks[ls[4].ID()]
+	// Drawn with a full one, each free replica is taken (6 draws each);
+	// drawn together, the idle one (2); both full, the idle one (6).
+	if busier != 6 || idle != 14 {
+		t.Errorf("over all %d draws: the replica with one slot left picked %d times, the idle one %d; want 6 and 14", n*(n-1), busier, idle)
+	}
+}
