@@ -68,3 +68,52 @@ func TestClientLeftDuringInProcessAnswer(t *testing.T) {
 		}
 	}
 }
+
+// Not a 499 (a review): a whole answer to a HEAD, flushed, whose client
+// then closes while the handler waits; nor a streamed answer to a client
+// that stalled its upload, whose context the proxy's own drain of the body
+// ended.
+func TestWholeAnswersAreNot499(t *testing.T) {
+	big := strings.Repeat("b", 5000)
+	h := handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodHead {
+			w.Header().Set("Content-Length", "100")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+			case <-time.After(2 * time.Second):
+			}
+			return
+		}
+		_, _ = io.WriteString(w, big) // past 2 KiB: the header goes out, the body drained under the timeout
+		_, _ = io.WriteString(w, "done")
+	})
+	tp := startProxy(t, Options{ClientBodyTimeout: 200 * time.Millisecond}, testDeployment{app: "a", prefix: "/", factory: h})
+
+	c := dialProxy(t, tp)
+	_, _ = io.WriteString(c, "HEAD / HTTP/1.1\r\nHost: x\r\nX-Request-Id: head\r\n\r\n")
+	if _, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodHead}); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+
+	c = dialProxy(t, tp)
+	_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nX-Request-Id: stall\r\nContent-Length: 100\r\n\r\n0123456789")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if !strings.HasSuffix(string(b), "done") {
+		t.Fatalf("the stalled upload's answer: %d bytes, want it whole", len(b))
+	}
+
+	var lines map[string]map[string]any
+	waitFor(t, "two access-log lines", func() bool { lines = accessLines(tp); return len(lines) == 2 })
+	for _, id := range []string{"head", "stall"} {
+		if lines[id]["status"] != float64(200) {
+			t.Errorf("%s: logged %v (%v), want 200: its client got the whole answer", id, lines[id]["status"], lines[id]["error"])
+		}
+	}
+}

@@ -35,7 +35,7 @@ func newMetrics(reg prometheus.Registerer, deployments []*Deployment) (*metrics,
 	m := &metrics{
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "serve_num_http_error_requests_total",
-			Help: "The number of HTTP requests whose status is 4xx or 5xx, recorded ones included: 499 (the client left, nothing sent) and 503 (cut at the shutdown).",
+			Help: "The number of HTTP requests whose status is 4xx or 5xx, recorded ones included: 499 (the client left before its answer's end) and 503 (cut at the shutdown).",
 		}, []string{"route", "error_code", "method", "application"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "serve_http_request_latency_ms",

@@ -164,9 +164,11 @@ func (p *Proxy) serveApp(w http.ResponseWriter, r *http.Request) {
 	res.end = time.Now()
 	res.replicaEnd = res.end
 	if !aborted() {
-		if sw.fullDuplex && !sw.wroteHeader {
+		if b := sw.reqBody; !sw.wroteHeader && (sw.fullDuplex || b != nil && (b.length < 0 || sw.http10)) {
 			// net/http's implicit 200, made explicit to go through
-			// closeIfBodyLeft.
+			// closeIfBodyLeft (full duplex; a chunked or HTTP/1.0
+			// request, whose connection closes after it: a review found
+			// a handler that wrote nothing kept it).
 			sw.WriteHeader(http.StatusOK)
 		}
 		// The answer is ready, but goes out only once the rest of the
@@ -435,24 +437,33 @@ func (p *Proxy) endedInHandler(sw *statusWriter, r *http.Request, start time.Tim
 	res.err, res.status = replica.ErrHandlerExited, http.StatusInternalServerError
 	res.end = time.Now()
 	res.replicaEnd = res.end
-	if sw.wroteHeader || !sw.switchedAt.IsZero() {
-		res.abort = sw.switchedAt.IsZero()
-	} else {
+	answer := !sw.wroteHeader && sw.switchedAt.IsZero()
+	if answer {
 		msg := errorMessage(res.status, res.err)
 		h := sw.Header()
 		h.Set("Connection", "close")
 		h.Set("Content-Length", strconv.Itoa(len(msg)+1)) // writeError's line
 		writeError(sw, res.status, msg)
-		_ = sw.FlushError()
+		if r.Method != http.MethodHead {
+			res.bytes = sw.sent
+		}
+	} else {
+		res.abort = sw.switchedAt.IsZero() // what is buffered is dropped
+		res.bytes = sw.sent                // as for a panic after the answer began
 	}
-	if r.Method != http.MethodHead {
-		res.bytes = sw.sent
+	if f := r.MultipartForm; f != nil {
+		_ = f.RemoveAll() // net/http's finishRequest, which would, does not run
 	}
 	var id string
 	if ids := r.Header[requestIDHeader]; len(ids) > 0 {
 		id = ids[0]
 	}
+	// Recorded before the answer goes out, as every request is: its
+	// client must not find a later request of its own logged first.
 	p.record(r, id, start, res)
+	if answer {
+		_ = sw.FlushError()
+	}
 }
 
 // serveWithDeadline runs the handler in its own goroutine so that the proxy
@@ -578,18 +589,34 @@ func (p *Proxy) finish(sw *statusWriter, r *http.Request, res *result) int {
 	// A read of the body that failed at the handler's own read deadline
 	// ends the request's context too (net/http's doing): not the client's
 	// leaving.
-	ownCut := sw.reqBody != nil && sw.reqBody.cut.Load()
-	leftMidBody := sw.reqBody != nil && sw.reqBody.gone.Load() && !sw.headerOut // serveApp's to tell
-	if sw.wroteHeader && sw.switchedAt.IsZero() && errors.Is(r.Context().Err(), context.Canceled) && !ownCut && !leftMidBody && !sw.sentWhole() {
-		// Its client left while the answer was under way, before the
-		// handler was done (net/http ended the request's context): it did
-		// not get the answer whole, however the handler took it. A
+	b := sw.reqBody
+	ownCut := b != nil && b.cut.Load()
+	// net/http ends the context for the client's leaving once the body
+	// is read to its end (its read for that starts there), or as a read of
+	// the body finds the connection gone; before the body's end, a read
+	// failing at one of the proxy's own deadlines ends it too.
+	clientLeft := (b == nil || b.eof.Load() || b.gone.Load()) && errors.Is(r.Context().Err(), context.Canceled)
+	// A client that left before the end of its body with nothing of the
+	// answer out is serveApp's to tell (errClientLeftMidBody).
+	leftMidBody := b != nil && b.gone.Load() && !sw.headerOut
+	if clientLeft && sw.wroteHeader && sw.switchedAt.IsZero() && !leftMidBody {
+		// Its client left before the handler was done (net/http ended
+		// the request's context), however the handler took it: a
 		// tester's stream that stopped at its context, and an answer
 		// written after its client had gone, were recorded as 200s.
-		if res.err == nil {
-			res.err = errClientLeftMidAnswer
+		if !sw.headerOut {
+			// None of the answer has gone out (it is in net/http's
+			// buffer): as for a handler that gave up, it is a 499 and
+			// the client gets nothing (one that only half-closed counts
+			// as gone).
+			res.err, res.abort = errClientLeftMidAnswer, true
+			sw.sent = 0 // dropped with the connection
+			return StatusClientClosedRequest
 		}
-		return StatusClientClosedRequest
+		if !sw.answerWhole(r.Method == http.MethodHead) {
+			res.err = errClientLeftMidAnswer
+			return StatusClientClosedRequest
+		}
 	}
 	if ctxErr := r.Context().Err(); !sw.wroteHeader && ctxErr != nil && !(ownCut && errors.Is(ctxErr, context.Canceled)) {
 		// The handler gave up on a request whose client left (499: nothing

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -43,5 +44,31 @@ func TestHTTP10RequestWithBodyClosesItsConnection(t *testing.T) {
 	}
 	if n := strings.Count(string(all), "HTTP/1.0 ") + strings.Count(string(all), "HTTP/1.1 "); n != 1 {
 		t.Fatalf("%d answers to one HTTP/1.0 request with a body, want one, then the close:\n%s", n, all)
+	}
+}
+
+// The same holds for a handler that writes nothing, answered with
+// net/http's implicit empty 200 (a review: it kept the connection, and the
+// smuggled request was served).
+func TestChunkedRequestImplicit200ClosesItsConnection(t *testing.T) {
+	for _, timeout := range []time.Duration{0, time.Minute} {
+		tp := startProxy(t, Options{RequestTimeout: timeout}, testDeployment{app: "a", prefix: "/", factory: handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+		})})
+		for _, req := range []string{
+			"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 43\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /SMUGGLED HTTP/1.1\r\nHost: x\r\n\r\n",
+			"POST /a HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n3d\r\nGET /SMUGGLED HTTP/1.1\r\nHost: x\r\n\r\n",
+		} {
+			c := dialProxy(t, tp)
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			_, _ = io.WriteString(c, req)
+			all, err := io.ReadAll(c)
+			if err != nil {
+				t.Fatalf("timeout %v: reading to the close: %v (read %q)", timeout, err, all)
+			}
+			if n := strings.Count(string(all), " 200 OK"); n != 1 {
+				t.Fatalf("timeout %v: %d answers, want one, then the close:\n%s", timeout, n, all)
+			}
+		}
 	}
 }

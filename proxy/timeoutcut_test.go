@@ -129,3 +129,46 @@ func TestDeadlineDropsAnAnswerNotBegun(t *testing.T) {
 		}
 	}
 }
+
+// With a request timeout, the answer held back behaves as net/http's: a
+// WriteHeader after a Write's implicit 200 changes nothing (a review:
+// "partial" then http.Error's 500 went out a 500), and a body after a 204,
+// or past the declared Content-Length, is refused as net/http refuses it.
+func TestHeldAnswerKeepsNetHTTPWriteRules(t *testing.T) {
+	errs := make(chan string, 2)
+	h := handlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/late-error":
+			_, _ = io.WriteString(w, "partial ")
+			http.Error(w, "oops", http.StatusInternalServerError)
+		case "/204":
+			w.WriteHeader(http.StatusNoContent)
+			_, err := io.WriteString(w, "x")
+			errs <- fmt.Sprint(err)
+		case "/length":
+			w.Header().Set("Content-Length", "2")
+			_, err := io.WriteString(w, "abc")
+			errs <- fmt.Sprint(err)
+		}
+	})
+	for _, timeout := range []time.Duration{0, time.Minute} {
+		tp := startProxy(t, Options{RequestTimeout: timeout}, testDeployment{app: "a", prefix: "/", factory: h})
+		resp, err := http.Get(tp.url + "/late-error")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("timeout %v: a WriteHeader after a Write: %d, want net/http's 200", timeout, resp.StatusCode)
+		}
+		for _, path := range []string{"/204", "/length"} {
+			if resp, err := http.Get(tp.url + path); err == nil {
+				resp.Body.Close()
+			}
+			want := map[string]string{"/204": http.ErrBodyNotAllowed.Error(), "/length": http.ErrContentLength.Error()}[path]
+			if got := <-errs; got != want {
+				t.Errorf("timeout %v: %s: the handler's Write returned %q, want %q", timeout, path, got, want)
+			}
+		}
+	}
+}

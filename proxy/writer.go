@@ -147,9 +147,13 @@ func (sw *statusWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// sentWhole reports whether the handler wrote all of the body its
+// answerWhole reports whether the handler wrote all of its answer: one
+// with no body (to a HEAD, a 1xx, 204 or 304), or all of the body its
 // Content-Length declared.
-func (sw *statusWriter) sentWhole() bool {
+func (sw *statusWriter) answerWhole(head bool) bool {
+	if head || !bodyAllowed(sw.status) {
+		return true
+	}
 	v := sw.w.Header()["Content-Length"]
 	if len(v) == 0 {
 		return false
@@ -240,10 +244,10 @@ func (sw *statusWriter) Unwrap() http.ResponseWriter { return sw.w }
 // on the handler (close), the handler's writes go nowhere: net/http forbids
 // touching a ResponseWriter after ServeHTTP has returned.
 type deadlineWriter struct {
-	// mu guards header, closed and the use of w.
+	// mu guards header, closed, what is held and the use of w.
 	mu       sync.Mutex
 	w        *statusWriter
-	header   http.Header // the handler's own, copied to w on the first write
+	header   http.Header // the handler's own, copied to w as the answer begins
 	closed   bool
 	hijacked bool // the handler took the connection over
 	// expired is set at the deadline, before mu is taken: a write to
@@ -263,12 +267,19 @@ type deadlineWriter struct {
 	// buffer could be neither sent nor taken back: the connection was
 	// cut with nothing sent, and a tester's Go client sent its GET again.
 	// heldCode is the status WriteHeader gave (0 for none); heldHeader
-	// the header as it was then, or at the first write; passed is set
+	// the header as it was then, or at the first write; begun is set
 	// once what was held went to w.
 	heldCode   int
 	heldHeader http.Header
 	held       *[]byte
-	passed     bool
+	begun      bool
+}
+
+// copyHeader sets each field of src in dst.
+func copyHeader(dst, src http.Header) {
+	for k, v := range src {
+		dst[k] = v
+	}
 }
 
 // heldPool holds the bodies deadline writers hold.
@@ -288,19 +299,16 @@ func (dw *deadlineWriter) holdHeaderLocked() {
 	}
 }
 
-// passLocked hands what the handler has written so far to w: the answer
-// has begun. mu must be held.
-func (dw *deadlineWriter) passLocked() error {
-	dw.passed = true
+// beginAnswerLocked hands what the handler has written so far to w: the
+// answer has begun. mu must be held.
+func (dw *deadlineWriter) beginAnswerLocked() error {
+	dw.begun = true
 	if !dw.w.wroteHeader {
 		h := dw.heldHeader
 		if h == nil {
 			h = dw.header // a Flush or Hijack before anything was written
 		}
-		dst := dw.w.Header()
-		for k, v := range h {
-			dst[k] = v
-		}
+		copyHeader(dw.w.Header(), h)
 	}
 	if dw.heldCode != 0 {
 		dw.w.WriteHeader(dw.heldCode)
@@ -338,19 +346,18 @@ func (dw *deadlineWriter) WriteHeader(code int) {
 	if dw.closed || dw.expired.Load() {
 		return
 	}
-	if dw.passed || code < 200 && code != http.StatusSwitchingProtocols {
+	if dw.begun || code < 200 && code != http.StatusSwitchingProtocols {
 		// An informational header (103 Early Hints) goes out at once, as
 		// net/http sends it.
 		if !dw.w.wroteHeader {
-			dst := dw.w.Header()
-			for k, v := range dw.header {
-				dst[k] = v
-			}
+			copyHeader(dw.w.Header(), dw.header)
 		}
 		dw.w.WriteHeader(code)
 		return
 	}
-	if dw.heldCode == 0 {
+	if dw.heldHeader == nil {
+		// Not after a Write's implicit 200: net/http keeps that one (a
+		// review: "partial", then http.Error's 500, went out a 500).
 		dw.heldCode = code
 		dw.holdHeaderLocked()
 	}
@@ -367,8 +374,11 @@ func (dw *deadlineWriter) Write(b []byte) (int, error) {
 		dw.refused.Store(true)
 		return 0, http.ErrHandlerTimeout
 	}
-	if !dw.passed {
+	if !dw.begun {
 		dw.holdHeaderLocked()
+		if err := dw.heldWriteErrLocked(len(b)); err != nil {
+			return 0, err
+		}
 		if dw.held == nil {
 			dw.held = heldPool.Get().(*[]byte)
 		}
@@ -382,8 +392,8 @@ func (dw *deadlineWriter) Write(b []byte) (int, error) {
 		return 0, http.ErrHandlerTimeout
 	}
 	defer dw.writing.Add(-1)
-	if !dw.passed {
-		if err := dw.passLocked(); err != nil {
+	if !dw.begun {
+		if err := dw.beginAnswerLocked(); err != nil {
 			return 0, err
 		}
 	}
@@ -398,13 +408,32 @@ func (dw *deadlineWriter) Flush() {
 		return
 	}
 	defer dw.writing.Add(-1)
-	if !dw.passed {
+	if !dw.begun {
 		dw.holdHeaderLocked()
-		if dw.passLocked() != nil {
+		if dw.beginAnswerLocked() != nil {
 			return
 		}
 	}
 	dw.w.Flush()
+}
+
+// heldWriteErrLocked is the error net/http's Write gives for n more bytes of
+// the answer held: none for a status without a body, none past the
+// declared Content-Length. mu must be held.
+func (dw *deadlineWriter) heldWriteErrLocked(n int) error {
+	if dw.heldCode != 0 && !bodyAllowed(dw.heldCode) {
+		return http.ErrBodyNotAllowed
+	}
+	if v := dw.heldHeader["Content-Length"]; len(v) > 0 {
+		held := 0
+		if dw.held != nil {
+			held = len(*dw.held)
+		}
+		if declared, err := strconv.Atoi(v[0]); err == nil && held+n > declared {
+			return http.ErrContentLength
+		}
+	}
+	return nil
 }
 
 // beginWriteLocked counts a write that may reach the connection, unless
@@ -459,9 +488,9 @@ func (dw *deadlineWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		// a write it saw, which must not land on a taken connection.
 		return nil, nil, http.ErrHandlerTimeout
 	}
-	if !dw.passed {
+	if !dw.begun {
 		// net/http's Hijack sends a header written before it (a 101).
-		if err := dw.passLocked(); err != nil {
+		if err := dw.beginAnswerLocked(); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -470,9 +499,7 @@ func (dw *deadlineWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return nil, nil, err
 	}
 	dst := dw.w.Header()
-	for k, v := range dw.header {
-		dst[k] = v
-	}
+	copyHeader(dst, dw.header)
 	dw.header, dw.hijacked = dst, true
 	return c, brw, nil
 }
@@ -506,15 +533,12 @@ func (dw *deadlineWriter) close() (hijacked, cut bool) {
 func (dw *deadlineWriter) finish(err error) {
 	dw.mu.Lock()
 	defer dw.mu.Unlock()
-	if err == nil && !dw.passed && !dw.closed {
-		_ = dw.passLocked() // its failure is the statusWriter's to note
+	if err == nil && !dw.begun && !dw.closed {
+		_ = dw.beginAnswerLocked() // its failure is the statusWriter's to note
 	}
 	dw.dropHeldLocked() // a failed handler's answer, not begun: the proxy answers for it
 	if dw.w.wroteHeader || err == nil {
-		dst := dw.w.Header()
-		for k, v := range dw.header {
-			dst[k] = v
-		}
+		copyHeader(dw.w.Header(), dw.header)
 	}
 	dw.closed = true
 }

@@ -840,7 +840,9 @@ func (cc *clientConn) copyRequestBody(req *http.Request, chunked bool, deadline 
 		defer headMu.Unlock()
 		if !headOut {
 			headOut = true
+			waiting(true)  // a replica that takes none of it is a timeout, as for the body
 			_ = bw.Flush() // a failure is the body's write's to meet
+			waiting(false)
 		}
 	})
 	left := req.ContentLength
