@@ -97,8 +97,10 @@ func (l *Local) Handler() Handler { return l.handler }
 // ErrHandlerExited is the error of a request whose handler ended its
 // goroutine (runtime.Goexit, as t.FailNow does) rather than return: no
 // recover sees it, so the callers of Local.Serve answer for it, and free
-// its slot, on the way out.
-var ErrHandlerExited = errors.New("the handler ended its goroutine without returning (runtime.Goexit)")
+// its slot, on the way out. (The proxy's guard cannot tell it from a
+// panic out of a replica that does not recover its own, as Local does:
+// one in this package's code, a bug; net/http then logs that panic.)
+var ErrHandlerExited = errors.New("the handler ended its goroutine without returning (runtime.Goexit, or a panic its replica did not recover)")
 
 // Serve implements Handle: it runs the handler, turning a panic into an
 // error so that one bad request costs a 500, not the process, and the
