@@ -143,7 +143,7 @@ func (c Config) Validate() error {
 		return errors.New("Requests, Duration: at least one must be set")
 	case c.Concurrency < 0:
 		return fmt.Errorf("Concurrency: must be >= 1, got %d", c.Concurrency)
-	case c.Rate < 0:
+	case !(c.Rate >= 0): // NaN too
 		return fmt.Errorf("Rate: must be >= 0 requests/s, got %g", c.Rate)
 	case c.Rate > 1e7:
 		return fmt.Errorf("Rate: must be <= 1e7 requests/s, got %g", c.Rate)

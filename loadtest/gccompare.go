@@ -226,8 +226,8 @@ func (c GCCompareConfig) Validate() error {
 		return fmt.Errorf("Rounds: must be >= 1, got %d", c.Rounds)
 	case c.Duration < 0:
 		return fmt.Errorf("Duration: must be > 0, got %v", c.Duration)
-	case c.Rate < 0:
-		return fmt.Errorf("Rate: must be > 0, got %g", c.Rate)
+	case !(c.Rate >= 0 && c.Rate <= 1e7): // NaN too
+		return fmt.Errorf("Rate: want 0 (the default, 5000) to 1e7 requests/s, got %g", c.Rate)
 	case c.Requests < 0:
 		return fmt.Errorf("Requests: must be >= 1, got %d", c.Requests)
 	case c.ClosedDuration < 0:

@@ -83,6 +83,10 @@ type Result struct {
 	hist *hdrhistogram.Histogram
 }
 
+// measured reports whether any latency was: a response's, or a cancelled
+// request's age.
+func (r *Result) measured() bool { return r.Completed > 0 || r.Cancelled > 0 }
+
 // finish fills the derived fields from the histogram and counts.
 func (r *Result) finish() {
 	r.Total = r.Completed + r.Failed
@@ -148,7 +152,7 @@ func (r *Result) WriteText(w io.Writer) error {
 	if r.Completed > 0 {
 		p("Time per request:       %.3f [ms] (mean)\n", ms(r.Mean))
 	}
-	if r.Rate == 0 && r.RequestsPerSec > 0 {
+	if r.Rate == 0 && r.RequestsPerSec > 0 && r.Completed > 0 {
 		p("Time per request:       %.3f [ms] (mean, across all concurrent requests)\n", 1000/r.RequestsPerSec)
 	}
 	if len(r.StatusCodes) > 0 {
@@ -165,11 +169,16 @@ func (r *Result) WriteText(w io.Writer) error {
 	}
 	p("\nLatency (ms)\n")
 	p("              min    mean     max\n")
-	if r.Completed > 0 {
+	switch {
+	case r.Completed > 0:
 		p("Total:   %7.3f %7.3f %7.3f\n", ms(r.Min), ms(r.Mean), ms(r.Max))
-	} else {
+	case r.measured():
 		// No response, so no min or mean: 0 would read as one.
 		p("Total:   %7s %7s %7.3f\n", "-", "-", ms(r.Max))
+	default:
+		p("Total:   %7s %7s %7s\n", "-", "-", "-")
+		p("\nNo latency measured: no response, and no request cancelled waiting.\n")
+		return ew.err
 	}
 	if r.Cancelled > 0 {
 		p("\nPercentage of the requests served (or, cancelled, waiting) within a certain time (ms)\n")
@@ -232,10 +241,12 @@ type Report struct {
 // LatencyReport is a Report's latencies, in float milliseconds.
 type LatencyReport struct {
 	// Mean and Min are of the responses: null when there was none
-	// (every request failed or was cancelled).
+	// (every request failed or was cancelled). Max and the percentiles
+	// count the cancelled requests' ages too: null and empty when there
+	// was neither (a 0 would read as a measurement).
 	Mean *float64 `json:"mean"`
 	Min  *float64 `json:"min"`
-	Max  float64  `json:"max"`
+	Max  *float64 `json:"max"`
 	// Percentiles maps "p50", "p99.9", "p100" to milliseconds.
 	Percentiles map[string]float64 `json:"percentiles"`
 }
@@ -249,7 +260,6 @@ func (r *Result) Report() Report {
 		StatusCodes:    make(map[string]int64, len(r.StatusCodes)),
 		ElapsedSeconds: r.Elapsed.Seconds(), RequestsPerSec: r.RequestsPerSec,
 		Latency: LatencyReport{
-			Max:         ms(r.Max),
 			Percentiles: make(map[string]float64, len(r.Percentiles)),
 		},
 		Errors: make(map[string]int64, len(r.Errors)),
@@ -258,6 +268,13 @@ func (r *Result) Report() Report {
 		mean, lowest := ms(r.Mean), ms(r.Min)
 		rep.Latency.Mean, rep.Latency.Min = &mean, &lowest
 	}
+	if r.measured() {
+		longest := ms(r.Max)
+		rep.Latency.Max = &longest
+		for _, p := range r.Percentiles {
+			rep.Latency.Percentiles[PercentileKey(p.Quantile)] = ms(p.Latency)
+		}
+	}
 	if r.Rate > 0 {
 		rep.Rate = r.Rate
 	} else {
@@ -265,9 +282,6 @@ func (r *Result) Report() Report {
 	}
 	for code, n := range r.StatusCodes {
 		rep.StatusCodes[strconv.Itoa(code)] = n
-	}
-	for _, p := range r.Percentiles {
-		rep.Latency.Percentiles[PercentileKey(p.Quantile)] = ms(p.Latency)
 	}
 	maps.Copy(rep.Errors, r.Errors)
 	return rep

@@ -510,3 +510,24 @@ func TestNoResponseHasNoMinOrMean(t *testing.T) {
 		t.Errorf("JSON %s, want null mean and min", js.String())
 	}
 }
+
+// A run with neither a response nor a cancelled request measured no
+// latency at all: its max and percentiles are "-" in the text, null and
+// empty in the JSON, where they said 0 (a tester, with nothing listening).
+func TestNothingMeasuredHasNoLatencies(t *testing.T) {
+	r := &Result{URL: "http://127.0.0.1:1/", Failed: 20, Total: 20, Elapsed: time.Millisecond, RequestsPerSec: 20000}
+	r.Percentiles = []Percentile{{Quantile: 50}, {Quantile: 100}}
+	var text, js strings.Builder
+	if err := r.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "Total:         -       -       -") || strings.Contains(text.String(), "Time per request") || strings.Contains(text.String(), "0.000") {
+		t.Errorf("text:\n%s\nwant min, mean and max as -, no percentiles, no time per request", text.String())
+	}
+	if err := r.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(js.String(), `"max": null`) || !strings.Contains(js.String(), `"percentiles": {}`) {
+		t.Errorf("JSON %s, want a null max and no percentiles", js.String())
+	}
+}

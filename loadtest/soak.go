@@ -102,7 +102,7 @@ func (c SoakConfig) Validate() error {
 	}
 	d := c.withDefaults()
 	switch {
-	case c.Rate < 0 || c.Rate > 1e7:
+	case !(c.Rate >= 0 && c.Rate <= 1e7): // NaN too
 		return fmt.Errorf("Rate: want 0 < requests/s <= 1e7, got %g", c.Rate)
 	case c.Duration < 0:
 		return fmt.Errorf("Duration: must be > 0, got %v", c.Duration)

@@ -71,8 +71,8 @@ func parseGCCompare(args []string, stderr io.Writer) (gcOptions, error) {
 		return gcOptions{}, usagef("-rounds: must be >= 1, got %d", *rounds)
 	case *d <= 0:
 		return gcOptions{}, usagef("-t: must be > 0, got %v", *d)
-	case *rate <= 0:
-		return gcOptions{}, usagef("-rate: must be > 0, got %g", *rate)
+	case !(*rate > 0 && *rate <= 1e7): // NaN too
+		return gcOptions{}, usagef("-rate: want 0 < requests/s <= 1e7, got %g", *rate)
 	case *tool != string(loadtest.ToolWrk) && *tool != string(loadtest.ToolBuiltin):
 		return gcOptions{}, usagef("-tool: want wrk or builtin, got %q", *tool)
 	case *n < 1:

@@ -83,8 +83,10 @@ func parseLoad(args []string, stderr io.Writer) (loadOptions, error) {
 		return loadOptions{}, usagef("-n, -t: set at least one (a request count, a duration, or both)")
 	case *c < 1:
 		return loadOptions{}, usagef("-c: must be >= 1, got %d", *c)
-	case *rate < 0:
+	case !(*rate >= 0): // NaN too: it ran the closed loop in silence
 		return loadOptions{}, usagef("-rate: must be >= 0, got %g", *rate)
+	case *rate > 1e7:
+		return loadOptions{}, usagef("-rate: must be <= 1e7 requests/s, got %g", *rate)
 	case *rate > 0 && set["c"]:
 		return loadOptions{}, usagef("-c: does not apply to the open loop (-rate); bound it with -max-inflight")
 	case *rate == 0 && set["max-inflight"]:

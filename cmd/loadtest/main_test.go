@@ -74,6 +74,8 @@ func TestFlagErrors(t *testing.T) {
 		{"body twice", []string{"-n", "1", "-d", "x", "-D", "f", u}, "-d, -D"},
 		{"missing body file", []string{"-n", "1", "-D", "/nonexistent/body", u}, "-D:"},
 		{"negative rate", []string{"-n", "1", "-rate", "-5", u}, "-rate: must be >= 0"},
+		{"NaN rate", []string{"-n", "1", "-rate", "NaN", u}, "-rate: must be >= 0"}, // it ran the closed loop
+		{"rate too high", []string{"-n", "1", "-rate", "1e9", u}, "-rate: must be <= 1e7"},
 		{"c with rate", []string{"-n", "1", "-rate", "5", "-c", "3", u}, "-c: does not apply"},
 		{"zero max-inflight", []string{"-n", "1", "-rate", "5", "-max-inflight", "0", u}, "-max-inflight"},
 		{"zero timeout", []string{"-n", "1", "-timeout", "0s", u}, "-timeout: must be > 0"},
@@ -253,6 +255,7 @@ func TestGCCompareFlags(t *testing.T) {
 		{"rounds", []string{"-rounds", "0"}, "-rounds"},
 		{"duration", []string{"-t", "0s"}, "-t"},
 		{"rate", []string{"-rate", "0"}, "-rate"},
+		{"NaN rate", []string{"-rate", "NaN", "-proxy", "/nonexistent/proxy"}, "-rate"},
 		{"requests", []string{"-n", "0"}, "-n"},
 		{"tool", []string{"-tool", "ab"}, "-tool: want wrk or builtin"},
 		{"n with wrk", []string{"-tool", "wrk", "-n", "500"}, "-n: wrk has no request count"},
@@ -302,6 +305,7 @@ func TestSoakFlags(t *testing.T) {
 		want string
 	}{
 		{"rate", []string{"-rate", "0"}, "-rate"},
+		{"NaN rate", []string{"-rate", "NaN", "-proxy", "/nonexistent/proxy"}, "-rate"},
 		{"duration", []string{"-t", "0s"}, "-t"},
 		{"every", []string{"-every", "0s"}, "-every"},
 		{"warmup", []string{"-warmup", "-1s"}, "-warmup"},

@@ -63,8 +63,8 @@ func parseSoak(args []string, stderr io.Writer) (soakOptions, error) {
 	switch {
 	case fs.NArg() > 0:
 		return soakOptions{}, usagef("unexpected arguments: %q", fs.Args())
-	case *rate <= 0:
-		return soakOptions{}, usagef("-rate: must be > 0, got %g", *rate)
+	case !(*rate > 0 && *rate <= 1e7): // NaN too
+		return soakOptions{}, usagef("-rate: want 0 < requests/s <= 1e7, got %g", *rate)
 	case *d <= 0:
 		return soakOptions{}, usagef("-t: must be > 0, got %v", *d)
 	case *every <= 0:
