@@ -233,3 +233,23 @@ func IgnoredEnv(environ map[string]string) []string {
 	}
 	return ws
 }
+
+// OpenAdmin returns a warning when the admin listener (PROXY_ADMIN_ADDR)
+// is reachable beyond loopback with no PROXY_ADMIN_TOKEN: its loopback
+// address is then no longer what protects its mutating calls and the
+// profiler (a tester found the image's 0.0.0.0 without a word).
+func OpenAdmin(e Env) []string {
+	if e.AdminToken != "" {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(e.AdminAddr)
+	if err != nil || host == "localhost" {
+		return nil // a bad address is told as an error
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return []string{fmt.Sprintf("%sADMIN_ADDR=%s is reachable beyond loopback and %sADMIN_TOKEN is not set: "+
+		"whoever reaches it can retune the GC, scale and reconfigure deployments, reload the config and read /debug/pprof/ "+
+		"(set a token, or keep the port from all but the scraper)", envPrefix, e.AdminAddr, envPrefix)}
+}

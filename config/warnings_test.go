@@ -141,3 +141,26 @@ func TestSharedHostWarning(t *testing.T) {
 		t.Fatalf("Warnings() = %v, want one: %s...", ws, want)
 	}
 }
+
+// An admin listener beyond loopback with no token is warned of: its
+// address was its only protection (a tester: the image's 0.0.0.0:8080).
+func TestOpenAdmin(t *testing.T) {
+	for _, tc := range []struct {
+		addr, token string
+		warn        bool
+	}{
+		{"127.0.0.1:8080", "", false},
+		{"[::1]:8080", "", false},
+		{"localhost:8080", "", false},
+		{"0.0.0.0:8080", "", true},
+		{":8080", "", true},
+		{"10.0.0.5:8080", "", true},
+		{"proxy.internal:8080", "", true},
+		{"0.0.0.0:8080", "s3cret", false},
+	} {
+		ws := OpenAdmin(Env{AdminAddr: tc.addr, AdminToken: tc.token})
+		if got := len(ws) > 0; got != tc.warn || got && !strings.Contains(ws[0], "PROXY_ADMIN_TOKEN") {
+			t.Errorf("%s with token %q: %q, want a warning %v", tc.addr, tc.token, ws, tc.warn)
+		}
+	}
+}

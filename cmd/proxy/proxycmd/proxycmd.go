@@ -112,6 +112,7 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 		return exitInvalid
 	}
 	unknownEnv := append(config.UnknownEnv(env), config.IgnoredEnv(env)...)
+	unknownEnv = append(unknownEnv, config.OpenAdmin(e)...)
 	if v := env["PROXY_CONFIG"]; configSet && v != "" && v != *configPath {
 		unknownEnv = append(unknownEnv, fmt.Sprintf("PROXY_CONFIG=%s is ignored: -config %s wins", v, *configPath))
 	}
