@@ -156,6 +156,13 @@ func (t *Tuner) apply(e config.Env, environ map[string]string) error {
 			percent, s.PercentSource = 100, SourceGoDefault
 			s.Note = "GOMEMLIMIT is above the memory there is, so it bounds nothing: GOGC stays at Go's default unless set explicitly"
 		}
+		if userLimit && s.PercentSource != SourceDefault && s.PercentSource != SourceGoDefault {
+			if err := t.limitBeyondMemory(percent, percentName(s.PercentSource, percent), limit); err != nil {
+				// Both the user's own: taken as asked, but said, as PUT
+				// /-/gc would refuse it (a tester found it in silence).
+				s.Note = fmt.Sprintf("GOMEMLIMIT is above the memory there is, so it bounds nothing: %v (taken as set; PUT /-/gc would refuse it)", err)
+			}
+		}
 		debug.SetGCPercent(percent)
 		debug.SetMemoryLimit(limit)
 	}

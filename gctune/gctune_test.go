@@ -286,3 +286,21 @@ func TestHumanBytes(t *testing.T) {
 		}
 	}
 }
+
+// A GOMEMLIMIT of the user's above the memory there is, beside a high GOGC
+// of theirs (GOGC or PROXY_GC_PERCENT), is taken as set, but said: PUT
+// /-/gc would refuse the pair, and it went in silence (a tester).
+func TestApplyUserLimitBeyondMemoryNoted(t *testing.T) {
+	keepRuntime(t)
+	debug.SetMemoryLimit(64 * gib) // as the runtime read GOMEMLIMIT=64GiB at start
+	tu, err := apply(t, map[string]string{"GOMEMLIMIT": "64GiB", "PROXY_GC_PERCENT": "300"}, 4*gib, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := tu.state.Note; !strings.Contains(n, "bounds nothing") || !strings.Contains(n, "PROXY_GC_PERCENT=300") {
+		t.Errorf("note %q, want the limit said to bound nothing beside PROXY_GC_PERCENT=300", n)
+	}
+	if tu.state.Percent != 300 {
+		t.Errorf("percent %d, want 300: the user's, taken as set", tu.state.Percent)
+	}
+}
