@@ -62,7 +62,8 @@ type Process struct {
 	cmd  *exec.Cmd
 	log  zerolog.Logger // with the replica's id and pid
 
-	done    chan struct{} // closed once the process has exited and its output is logged
+	exited  chan struct{} // closed once the process has exited
+	done    chan struct{} // closed once, besides, its output is logged (or outputGrace passed)
 	exitErr error         // how it exited; read after done
 	// sent has bit 1<<sig set for each signal the proxy sent the process,
 	// before it sends it; unasked, read after done, says the process ended
@@ -128,7 +129,7 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 		return nil, fmt.Errorf("command %q: %w", o.Command[0], err)
 	}
 	log := o.Log.With().Str("replica", id).Int("pid", cmd.Process.Pid).Logger()
-	p := &Process{id: id, port: port, cmd: cmd, log: log, done: make(chan struct{})}
+	p := &Process{id: id, port: port, cmd: cmd, log: log, exited: make(chan struct{}), done: make(chan struct{})}
 	outLog := log
 	if o.Output != nil {
 		outLog = o.Output.With().Str("replica", id).Int("pid", cmd.Process.Pid).Logger()
@@ -157,6 +158,7 @@ func StartProcess(id string, o ProcessOptions) (*Process, error) {
 		if pids := killEscaped(id, port, cmd.Process.Pid); len(pids) > 0 {
 			log.Warn().Ints("killed", pids).Msg("replica process left processes outside its process group (it daemonized, with setsid or a double fork?): killed them; run the server in the foreground")
 		}
+		close(p.exited)
 		// The output's last lines, unless a descendant keeps the pipes
 		// open: then the readers go on, and the exit is not held up.
 		logged := make(chan struct{})
@@ -240,7 +242,12 @@ func (p *Process) Stop(ctx context.Context, grace time.Duration) error {
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
-	case <-p.done:
+	case <-p.exited:
+		// Not done, which also waits for the output: a descendant that
+		// keeps the pipes open held it up outputGrace, past a short
+		// grace, and a process gone at once was reported still running
+		// and sent SIGKILL (a tester).
+		<-p.done
 		return nil
 	case <-t.C:
 		if grace > 0 { // 0 is a kill asked for

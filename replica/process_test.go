@@ -257,3 +257,34 @@ func TestCommandStartKeepsTheLastAnswer(t *testing.T) {
 		t.Fatalf("start = %v, want its 500 named", err)
 	}
 }
+
+// A process that exits at its SIGTERM is not reported still running, nor
+// sent SIGKILL, when a descendant of it that left its group keeps its
+// output pipes open: the wait for the output (outputGrace) had outlasted a
+// shorter grace (a tester's Python server, its setsid child with a clean
+// environment, which the escaped-process sweep does not find).
+func TestProcessExitSeenWhileOutputHeld(t *testing.T) {
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Skip("no setsid")
+	}
+	logs := &processLog{}
+	begin := time.Now()
+	p, err := StartProcess("r", ProcessOptions{
+		Command: []string{"sh", "-c", "env -i PATH=\"$PATH\" setsid sleep 2.5 & trap 'exit 0' TERM; while :; do sleep 0.05; done"},
+		Log:     zerolog.New(logs),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the child started
+	start := time.Now()
+	_ = p.Stop(context.Background(), time.Second)
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("stop took %v", took)
+	}
+	if strings.Contains(logs.String(), "killing it (SIGKILL)") {
+		t.Errorf("a process that exited at its SIGTERM was reported still running:\n%s", logs.String())
+	}
+	// The readers of its output end with the orphan (goleak).
+	time.Sleep(time.Until(begin.Add(3500 * time.Millisecond)))
+}
