@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -154,12 +155,19 @@ func (sw *statusWriter) answerWhole(head bool) bool {
 	if head || !bodyAllowed(sw.status) {
 		return true
 	}
-	v := sw.w.Header()["Content-Length"]
+	n, ok := declaredLength(sw.w.Header())
+	return ok && sw.sent >= n
+}
+
+// declaredLength is the body length h's Content-Length declares, if it
+// declares one.
+func declaredLength(h http.Header) (int, bool) {
+	v := h["Content-Length"]
 	if len(v) == 0 {
-		return false
+		return 0, false
 	}
 	n, err := strconv.Atoi(v[0])
-	return err == nil && sw.sent >= n
+	return n, err == nil
 }
 
 // Flush implements http.Flusher, so that streamed responses stream.
@@ -275,13 +283,6 @@ type deadlineWriter struct {
 	begun      bool
 }
 
-// copyHeader sets each field of src in dst.
-func copyHeader(dst, src http.Header) {
-	for k, v := range src {
-		dst[k] = v
-	}
-}
-
 // heldPool holds the bodies deadline writers hold.
 var heldPool = sync.Pool{New: func() any { b := make([]byte, 0, bufferedBody); return &b }}
 
@@ -308,7 +309,7 @@ func (dw *deadlineWriter) beginAnswerLocked() error {
 		if h == nil {
 			h = dw.header // a Flush or Hijack before anything was written
 		}
-		copyHeader(dw.w.Header(), h)
+		maps.Copy(dw.w.Header(), h)
 	}
 	if dw.heldCode != 0 {
 		dw.w.WriteHeader(dw.heldCode)
@@ -350,7 +351,7 @@ func (dw *deadlineWriter) WriteHeader(code int) {
 		// An informational header (103 Early Hints) goes out at once, as
 		// net/http sends it.
 		if !dw.w.wroteHeader {
-			copyHeader(dw.w.Header(), dw.header)
+			maps.Copy(dw.w.Header(), dw.header)
 		}
 		dw.w.WriteHeader(code)
 		return
@@ -424,12 +425,12 @@ func (dw *deadlineWriter) heldWriteErrLocked(n int) error {
 	if dw.heldCode != 0 && !bodyAllowed(dw.heldCode) {
 		return http.ErrBodyNotAllowed
 	}
-	if v := dw.heldHeader["Content-Length"]; len(v) > 0 {
+	if declared, ok := declaredLength(dw.heldHeader); ok {
 		held := 0
 		if dw.held != nil {
 			held = len(*dw.held)
 		}
-		if declared, err := strconv.Atoi(v[0]); err == nil && held+n > declared {
+		if held+n > declared {
 			return http.ErrContentLength
 		}
 	}
@@ -499,7 +500,7 @@ func (dw *deadlineWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return nil, nil, err
 	}
 	dst := dw.w.Header()
-	copyHeader(dst, dw.header)
+	maps.Copy(dst, dw.header)
 	dw.header, dw.hijacked = dst, true
 	return c, brw, nil
 }
@@ -538,7 +539,7 @@ func (dw *deadlineWriter) finish(err error) {
 	}
 	dw.dropHeldLocked() // a failed handler's answer, not begun: the proxy answers for it
 	if dw.w.wroteHeader || err == nil {
-		copyHeader(dw.w.Header(), dw.header)
+		maps.Copy(dw.w.Header(), dw.header)
 	}
 	dw.closed = true
 }

@@ -425,7 +425,9 @@ type responseBody struct {
 // replica that stopped partway through a small answer held its request,
 // and its slot, for as long as the client waited (a tester).
 func (b *responseBody) readWhole(p []byte) error {
-	if d := b.cc.pool.c.headerTimeout; d > 0 && !b.done {
+	// (Not for a body that came with its head, the common case: nothing
+	// to wait for, and two deadline changes saved.)
+	if d := b.cc.pool.c.headerTimeout; d > 0 && !b.done && b.cc.br.Buffered() < len(p) {
 		b.bounded = true
 		_ = b.cc.conn.SetReadDeadline(time.Now().Add(d))
 	}
