@@ -474,7 +474,6 @@ func (p *connPool) dial(ctx context.Context) (*clientConn, error) {
 	cc := &clientConn{pool: p}
 	if sc, ok := conn.(syscall.Conn); ok {
 		cc.raw, _ = sc.SyscallConn()
-		cc.awaitable = cc.raw != nil && p.tlsCfg == nil
 	}
 	if p.tlsCfg != nil {
 		tc := tls.Client(conn, p.tlsCfg)
@@ -489,10 +488,9 @@ func (p *connPool) dial(ctx context.Context) (*clientConn, error) {
 	}
 	cc.conn = conn
 	cc.br = bufio.NewReaderSize(conn, 4<<10)
-	cc.bw = bufio.NewWriterSize(connWriter{cc}, 4<<10)
+	cc.bw = bufio.NewWriterSize(conn, 4<<10)
 	cc.abort = func() { _ = conn.Close() }
 	cc.peek = cc.peekFD
-	cc.sendWait = cc.sendThenWait
 	return cc, nil
 }
 
@@ -509,21 +507,12 @@ type clientConn struct {
 	closed atomic.Bool // close ran
 	abort  func()      // closes conn when a request's context ends
 	peek   func(uintptr) bool
-	peekOK bool // peek's answer
-
-	// A request without a body goes out by sendAwaitingAnswer when the
-	// socket is plain TCP (awaitable): awaitAnswer is set for the flush
-	// of its head, and sendWait, pending and sent are that write's state.
-	awaitable   bool
-	awaitAnswer bool
-	sendWait    func(uintptr) bool
-	pending     []byte
-	sent        int
-	fields      []fieldSpan // scratch of readHead
-	vals        []byte      // likewise
-	line        []byte      // likewise, for lines longer than br's buffer
-	wbuf        [32]byte    // scratch for numbers written
-	pbuf        [1]byte     // peek's buffer
+	peekOK bool        // peek's answer
+	fields []fieldSpan // scratch of readHead
+	vals   []byte      // likewise
+	line   []byte      // likewise, for lines longer than br's buffer
+	wbuf   [32]byte    // scratch for numbers written
+	pbuf   [1]byte     // peek's buffer
 }
 
 // close closes the connection and frees its place in the pool, once.
@@ -591,18 +580,14 @@ func (cc *clientConn) roundTrip(req *http.Request) (res *http.Response, answered
 		// it (see "Speed of forwarding" in the README). With nothing
 		// else runnable, this returns at once.
 		runtime.Gosched()
-		if headerTimeout > 0 {
-			// Before the write: the wait for the answer may begin in it.
-			_ = cc.conn.SetReadDeadline(time.Now().Add(headerTimeout))
-		}
-		cc.awaitAnswer = cc.awaitable
-		err := cc.bw.Flush()
-		cc.awaitAnswer = false
-		if err != nil {
+		if err := cc.bw.Flush(); err != nil {
 			return fail(err)
 		}
 	}
 
+	if headerTimeout > 0 && deadline == nil {
+		_ = cc.conn.SetReadDeadline(time.Now().Add(headerTimeout))
+	}
 	b := new(responseBody)
 	res = &b.res
 	answered, err = cc.readHead(req, b)
@@ -653,18 +638,6 @@ func (cc *clientConn) roundTrip(req *http.Request) (res *http.Response, answered
 		res.Body = b
 	}
 	return res, true, nil
-}
-
-// connWriter is what a clientConn's bw writes to: its connection, but the
-// flush of a head with awaitAnswer set goes out by sendAwaitingAnswer.
-type connWriter struct{ cc *clientConn }
-
-// Write implements io.Writer.
-func (w connWriter) Write(p []byte) (int, error) {
-	if w.cc.awaitAnswer {
-		return w.cc.sendAwaitingAnswer(p)
-	}
-	return w.cc.conn.Write(p)
 }
 
 // switchedConn is a connection to a replica that switched protocols (a
