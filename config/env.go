@@ -82,6 +82,11 @@ type Env struct {
 	// loopback is the protection.
 	AdminToken string `env:"ADMIN_TOKEN"`
 
+	// LeanFront, from PROXY_LEAN_FRONT, is the feature flag of the lean
+	// HTTP/1.1 front on the public listener (package proxy/front); true
+	// by default. false serves it with net/http's server alone.
+	LeanFront bool `env:"LEAN_FRONT" envDefault:"true"`
+
 	// GCTuning, from PROXY_GC_TUNING, is the feature flag of the tuned GC
 	// settings below; true by default. false leaves Go's defaults alone.
 	GCTuning bool `env:"GC_TUNING" envDefault:"true"`

@@ -1276,3 +1276,22 @@ func TestNewRefusesMissingParts(t *testing.T) {
 		}
 	}
 }
+
+// The public listener served by net/http's server alone
+// (PROXY_LEAN_FRONT=false) answers as the lean front does, a request with
+// a body and one without.
+func TestNetHTTPFrontServes(t *testing.T) {
+	tp := startProxyWith(t, Options{}, ServerOptions{NetHTTPFront: true, ReadHeaderTimeout: 5 * time.Second, KeepAliveTimeout: 90 * time.Second},
+		testDeployment{app: "a", prefix: "/", factory: static("hi")})
+	if resp, b := get(t, tp.url+"/"); resp.StatusCode != 200 || b != "hi" {
+		t.Fatalf("GET: %d %q, want 200 hi", resp.StatusCode, b)
+	}
+	resp, err := http.Post(tp.url+"/", "text/plain", strings.NewReader("body"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("POST: %d, want 200", resp.StatusCode)
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/serveproxy/serveproxy/proxy/front"
 )
 
 // drainAfterCut bounds the replicas' drain at shutdown once the graceful
@@ -26,6 +28,10 @@ type ServerOptions struct {
 	// DrainDelay is how long /-/healthz answers 503 before the listeners
 	// close, for load balancers to notice; 0 closes them at once.
 	DrainDelay time.Duration
+	// NetHTTPFront serves the public listener with net/http's server
+	// alone; otherwise with the lean front (package front), which hands
+	// net/http every connection whose requests are not plain.
+	NetHTTPFront bool
 	// OnShutdown, if not nil, is called when the graceful shutdown begins
 	// (the binary uses it to let a second signal kill the process).
 	OnShutdown func()
@@ -44,12 +50,21 @@ type ServerOptions struct {
 // is flushed. It returns nil after a clean shutdown.
 func (p *Proxy) Serve(ctx context.Context, public, admin net.Listener, so ServerOptions) error {
 	errLog := stdlog.New(p.opts.Log.With().Str("component", "http").Logger(), "", 0)
-	pub := &http.Server{
+	var pub publicServer = &front.Server{
 		Handler:           p.Handler(),
 		ReadHeaderTimeout: so.ReadHeaderTimeout,
 		IdleTimeout:       so.KeepAliveTimeout,
 		MaxHeaderBytes:    so.MaxHeaderBytes,
 		ErrorLog:          errLog,
+	}
+	if so.NetHTTPFront {
+		pub = &http.Server{
+			Handler:           p.Handler(),
+			ReadHeaderTimeout: so.ReadHeaderTimeout,
+			IdleTimeout:       so.KeepAliveTimeout,
+			MaxHeaderBytes:    so.MaxHeaderBytes,
+			ErrorLog:          errLog,
+		}
 	}
 	p.Start()
 	errc := make(chan error, 2)
@@ -147,6 +162,14 @@ func (p *Proxy) Serve(ctx context.Context, public, admin net.Listener, so Server
 		p.opts.Log.Warn().Err(err).Msg("access log not all written out")
 	}
 	return errors.Join(errs...)
+}
+
+// publicServer is what serves the public listener: front.Server, or
+// net/http's.
+type publicServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
 }
 
 // awaitRequests waits until no request is in the handler, or ctx is done.

@@ -204,7 +204,7 @@ func Run(ctx context.Context, args []string, env map[string]string, reg *replica
 	})
 	log.Info().Str("version", versionString()).Str("config", displayName(path)).
 		Str("http_addr", httpAddr(cfg)).Str("admin_addr", e.AdminAddr).
-		Bool("access_log", e.AccessLog).Stringer("request_timeout", cfg.HTTPOptions.RequestTimeout()).
+		Bool("access_log", e.AccessLog).Bool("lean_front", e.LeanFront).Stringer("request_timeout", cfg.HTTPOptions.RequestTimeout()).
 		Stringer("keep_alive_timeout", cfg.HTTPOptions.KeepAliveTimeout()).
 		Stringer("client_body_timeout", e.ClientBodyTimeout).Stringer("client_send_timeout", e.ClientSendTimeout).
 		Int64("max_header_bytes", int64(e.MaxHeaderBytes)).Int64("max_body_bytes", int64(e.MaxBodyBytes)).

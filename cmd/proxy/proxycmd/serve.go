@@ -161,6 +161,7 @@ func serve(ctx context.Context, stopSignals func(), hup <-chan os.Signal, path s
 		KeepAliveTimeout:  cfg.HTTPOptions.KeepAliveTimeout(),
 		MaxHeaderBytes:    int(e.MaxHeaderBytes),
 		DrainDelay:        e.DrainDelay,
+		NetHTTPFront:      !e.LeanFront,
 		// A second SIGTERM or SIGINT during the grace period kills at once.
 		OnShutdown: stopSignals,
 		OnDrained:  stopDiscovery,

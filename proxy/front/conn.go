@@ -1,0 +1,372 @@
+package front
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// readBufferSize is a connection's read buffer: a request head that does
+// not fit is net/http's to read (it answers 431 past MaxHeaderBytes).
+const readBufferSize = 4 << 10
+
+// watchAfter is how long a handler runs before its client is watched for
+// leaving. net/http starts that watch (a read in the background) for
+// every request; most handlers are done well before this, and for them
+// the read, its goroutine and its wake-up are saved. A client that leaves
+// a slower handler is noticed this much later, at most.
+const watchAfter = 10 * time.Millisecond
+
+// buffers are a connection's: what it reads, and its answers' body and
+// output before they go (see response). They are pooled: a connection
+// without keep-alive (ab) would allocate them for each request.
+type buffers struct {
+	read [readBufferSize]byte
+	body [bufferBeforeHeader]byte
+	out  [outBufferSize]byte
+}
+
+var buffersPool = sync.Pool{New: func() any { return new(buffers) }}
+
+// Connection states, for Shutdown's closing of idle connections.
+const (
+	stateNew int32 = iota
+	stateActive
+	stateIdle
+	stateGone // hijacked, handed over or closed: not the server's any more
+)
+
+// conn is one client connection the lean path serves.
+type conn struct {
+	s          *Server
+	rwc        net.Conn
+	remoteAddr string
+	baseCtx    context.Context
+	bufs       *buffers
+	buf        []byte // bufs.read
+	n          int    // bytes read into buf
+	end        int    // the end of the current request's head in buf
+	state      atomic.Int32
+	since      atomic.Int64 // unix seconds it was accepted
+	w          response
+
+	// The watch for a client leaving a slow handler (see watchAfter).
+	timer     *time.Timer
+	cancel    context.CancelFunc // the current request's
+	mu        sync.Mutex         // guards the fields below
+	served    bool               // the handler is done: no watch may begin
+	watching  bool               // a read is under way
+	watchDone chan struct{}      // closed when that read returned
+	peeked    bool               // it read a byte (the next request's)
+	peek      [1]byte
+}
+
+// serve answers the connection's requests until it closes, is hijacked
+// or is handed to net/http.
+func (c *conn) serve() {
+	c.bufs = buffersPool.Get().(*buffers)
+	c.buf = c.bufs.read[:]
+	c.w = response{c: c, body: c.bufs.body[:0], out: c.bufs.out[:0]}
+	keep := false // the connection is someone else's now
+	defer func() {
+		if c.timer != nil {
+			c.timer.Stop()
+		}
+		if !keep {
+			_ = c.rwc.Close()
+			c.s.untrack(c)
+		}
+		if !c.w.hijacked {
+			// A handler that hijacked may still hold w (wrongly, but
+			// net/http's buffers would not be another's either): its
+			// buffers go to the garbage collector.
+			buffersPool.Put(c.bufs)
+		}
+	}()
+	deadline := false // a read deadline is set
+	for {
+		if c.n == 0 {
+			c.state.Store(stateIdle)
+			if c.s.shuttingDown() {
+				return
+			}
+			if d := c.s.IdleTimeout; d > 0 {
+				_ = c.rwc.SetReadDeadline(time.Now().Add(d))
+				deadline = true
+			} else if deadline {
+				_ = c.rwc.SetReadDeadline(time.Time{})
+				deadline = false
+			}
+			m, err := c.rwc.Read(c.buf)
+			if m == 0 {
+				if err == nil {
+					continue
+				}
+				return
+			}
+			c.n = m
+		}
+		c.state.Store(stateActive)
+		head, ok := c.readHead(&deadline)
+		if !ok {
+			return
+		}
+		if head == nil {
+			keep = c.handOff()
+			return
+		}
+		req, ok := parseHead(head)
+		if !ok {
+			keep = c.handOff()
+			return
+		}
+		if deadline {
+			_ = c.rwc.SetReadDeadline(time.Time{})
+			deadline = false
+		}
+		switch c.serveRequest(req) {
+		case served:
+		case hijacked:
+			keep = true
+			return
+		case closed:
+			return
+		}
+		copy(c.buf, c.buf[c.end:c.n])
+		c.n -= c.end
+		if c.peeked {
+			c.buf[c.n] = c.peek[0]
+			c.n++
+			c.peeked = false
+		}
+	}
+}
+
+// readHead reads until buf holds a whole request head, and returns it;
+// nil if it does not fit (or is longer than MaxHeaderBytes), or has a
+// line ended by a bare LF: net/http's to read. ok is false if the
+// connection failed or timed out.
+func (c *conn) readHead(deadline *bool) (head []byte, ok bool) {
+	limit := len(c.buf)
+	if m := c.s.MaxHeaderBytes; m > 0 && m < limit {
+		limit = m
+	}
+	scanned := 0
+	for {
+		for {
+			i := bytes.IndexByte(c.buf[scanned:c.n], '\n')
+			if i < 0 {
+				scanned = c.n
+				break
+			}
+			lf := scanned + i
+			if lf == 0 || c.buf[lf-1] != '\r' {
+				return nil, true
+			}
+			if lf >= 3 && c.buf[lf-2] == '\n' && c.buf[lf-3] == '\r' {
+				c.end = lf + 1
+				if c.end > limit {
+					return nil, true
+				}
+				return c.buf[:c.end], true
+			}
+			scanned = lf + 1
+		}
+		if c.n >= limit {
+			return nil, true
+		}
+		if d := c.s.ReadHeaderTimeout; d > 0 && !*deadline {
+			// The head came in parts: the rest has ReadHeaderTimeout
+			// from now (net/http counts from the first byte).
+			_ = c.rwc.SetReadDeadline(time.Now().Add(d))
+			*deadline = true
+		}
+		m, err := c.rwc.Read(c.buf[c.n:])
+		c.n += m
+		if err != nil && m == 0 {
+			return nil, false
+		}
+	}
+}
+
+// Outcomes of serveRequest.
+const (
+	served = iota
+	hijacked
+	closed
+)
+
+// serveRequest runs the handler for req and sends its answer.
+func (c *conn) serveRequest(req *http.Request) (outcome int) {
+	ctx, cancel := context.WithCancel(c.baseCtx)
+	req.RemoteAddr = c.remoteAddr
+	req = req.WithContext(ctx)
+	w := &c.w
+	w.reset(req)
+	c.armWatch(cancel)
+	defer func() {
+		cancel()
+		if v := recover(); v != nil {
+			c.stopWatch()
+			if v != http.ErrAbortHandler {
+				buf := make([]byte, 64<<10)
+				buf = buf[:runtime.Stack(buf, false)]
+				c.s.logf("http: panic serving %v: %v\n%s", c.remoteAddr, v, buf)
+			}
+			if w.hijacked {
+				outcome = hijacked
+				return
+			}
+			// What was sent stays sent, as net/http's final flush
+			// does; the answer is cut off by the close.
+			if w.headerDone {
+				w.flushOut()
+			}
+			outcome = closed
+		}
+	}()
+	c.s.Handler.ServeHTTP(w, req)
+	if w.hijacked {
+		return hijacked
+	}
+	c.stopWatch()
+	cancel() // before the answer's end goes out, as net/http
+	w.finish()
+	if w.writeDeadline.Load() {
+		// A deadline the handler set bounded its answer, not the next
+		// (net/http clears it after every answer).
+		_ = c.rwc.SetWriteDeadline(time.Time{})
+	}
+	if !w.reusable() {
+		return closed
+	}
+	return served
+}
+
+// armWatch starts the clock on the handler: past watchAfter, the client
+// is watched for leaving. A request followed by bytes already read (a
+// pipelining client) is not watched: those bytes are the client's next
+// request, and net/http does not notice a close behind them either.
+func (c *conn) armWatch(cancel context.CancelFunc) {
+	c.mu.Lock()
+	c.cancel = cancel
+	c.served, c.watching, c.watchDone = c.n > c.end, false, nil
+	c.mu.Unlock()
+	if c.n > c.end {
+		return
+	}
+	if c.timer == nil {
+		c.timer = time.AfterFunc(watchAfter, c.watch)
+		return
+	}
+	c.timer.Reset(watchAfter)
+}
+
+// watch reads from the connection while the handler runs: a byte is the
+// client's next request (kept for it), an end or an error is the client
+// gone, and the request's context is cancelled, as net/http does.
+func (c *conn) watch() {
+	c.mu.Lock()
+	if c.served {
+		c.mu.Unlock()
+		return
+	}
+	c.watching = true
+	done := make(chan struct{})
+	c.watchDone = done
+	cancel := c.cancel
+	_ = c.rwc.SetReadDeadline(time.Time{})
+	c.mu.Unlock()
+	defer close(done)
+	n, err := c.rwc.Read(c.peek[:])
+	if n == 1 {
+		c.peeked = true
+		return
+	}
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		cancel()
+	}
+}
+
+// stopWatch ends the watch once the handler is done (or hijacks): a read
+// under way is cut short by a deadline in the past.
+func (c *conn) stopWatch() {
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.mu.Lock()
+	c.served = true
+	watching, done := c.watching, c.watchDone
+	c.watching = false // stopped once
+	c.mu.Unlock()
+	if watching {
+		_ = c.rwc.SetReadDeadline(aLongTimeAgo)
+		<-done
+		_ = c.rwc.SetReadDeadline(time.Time{})
+	}
+}
+
+var aLongTimeAgo = time.Unix(1, 0)
+
+// hijack gives the connection to the handler, with the bytes the client
+// sent after the request.
+func (c *conn) hijack() net.Conn {
+	c.stopWatch()
+	_ = c.rwc.SetDeadline(time.Time{})
+	c.s.untrack(c)
+	return c.withPending(c.end)
+}
+
+// withPending returns the connection, reading first buf[from:n] and any
+// byte the watch read.
+func (c *conn) withPending(from int) net.Conn {
+	pending := c.buf[from:c.n]
+	if c.peeked {
+		pending = append(pending[:len(pending):len(pending)], c.peek[0])
+	}
+	if len(pending) == 0 {
+		return c.rwc
+	}
+	return &replayConn{Conn: c.rwc, pending: bytes.Clone(pending)}
+}
+
+// handOff gives the connection, with what was read of its next request,
+// to net/http's server. It reports whether net/http took it.
+func (c *conn) handOff() bool {
+	c.s.untrack(c)
+	return c.s.handoff.give(c.withPending(0))
+}
+
+// replayConn is a connection whose first reads return bytes read from it
+// before.
+type replayConn struct {
+	net.Conn
+	pending []byte
+}
+
+// Read implements net.Conn.
+func (r *replayConn) Read(p []byte) (int, error) {
+	if len(r.pending) > 0 {
+		n := copy(p, r.pending)
+		r.pending = r.pending[n:]
+		return n, nil
+	}
+	return r.Conn.Read(p)
+}
+
+// CloseWrite shuts down the writing side, as *net.TCPConn does (net/http
+// uses it before closing a connection whose request body it did not
+// read).
+func (r *replayConn) CloseWrite() error {
+	if cw, ok := r.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
