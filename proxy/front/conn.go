@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -55,12 +56,18 @@ type conn struct {
 	end        int    // the end of the current request's head in buf
 	state      atomic.Int32
 	since      atomic.Int64 // unix seconds it was accepted
-	w          response
+
+	w response
 
 	// The watch for a client leaving a slow handler (see watchAfter).
+	// Each request arms timer; its callback (watch) tells stopWatch on
+	// fired that it has decided whether to watch, so that a callback late
+	// for one request cannot watch the next.
 	timer     *time.Timer
-	cancel    context.CancelFunc // the current request's
+	armed     bool // timer is armed for the current request
+	fired     chan struct{}
 	mu        sync.Mutex         // guards the fields below
+	cancel    context.CancelFunc // the current request's
 	served    bool               // the handler is done: no watch may begin
 	watching  bool               // a read is under way
 	watchDone chan struct{}      // closed when that read returned
@@ -90,19 +97,28 @@ func (c *conn) serve() {
 			buffersPool.Put(c.bufs)
 		}
 	}()
+	// As net/http: the first request's head has ReadHeaderTimeout from
+	// the accept; a later one waits for its first byte under
+	// IdleTimeout, then has ReadHeaderTimeout for the rest.
 	deadline := false // a read deadline is set
-	for {
+	if d := c.s.ReadHeaderTimeout; d > 0 {
+		_ = c.rwc.SetReadDeadline(time.Now().Add(d))
+		deadline = true
+	}
+	for first := true; ; first = false {
 		if c.n == 0 {
-			c.state.Store(stateIdle)
-			if c.s.shuttingDown() {
-				return
-			}
-			if d := c.s.IdleTimeout; d > 0 {
-				_ = c.rwc.SetReadDeadline(time.Now().Add(d))
-				deadline = true
-			} else if deadline {
-				_ = c.rwc.SetReadDeadline(time.Time{})
-				deadline = false
+			if !first {
+				c.state.Store(stateIdle)
+				if c.s.shuttingDown() {
+					return
+				}
+				if d := c.s.IdleTimeout; d > 0 {
+					_ = c.rwc.SetReadDeadline(time.Now().Add(d))
+					deadline = true
+				} else if deadline {
+					_ = c.rwc.SetReadDeadline(time.Time{})
+					deadline = false
+				}
 			}
 			m, err := c.rwc.Read(c.buf)
 			if m == 0 {
@@ -113,11 +129,13 @@ func (c *conn) serve() {
 			}
 			c.n = m
 		}
-		c.state.Store(stateActive)
-		head, ok := c.readHead(&deadline)
+		head, ok := c.readHead(first, &deadline)
 		if !ok {
 			return
 		}
+		// Active once its head is read, as net/http: Shutdown closes a
+		// connection still reading one.
+		c.state.Store(stateActive)
 		if head == nil {
 			keep = c.handOff()
 			return
@@ -139,6 +157,12 @@ func (c *conn) serve() {
 		case closed:
 			return
 		}
+		if c.w.readDeadline.Load() {
+			deadline = true // the handler's, cleared or replaced before the next read
+		}
+		if c.s.shuttingDown() {
+			return // not even a request already sent: as net/http
+		}
 		copy(c.buf, c.buf[c.end:c.n])
 		c.n -= c.end
 		if c.peeked {
@@ -153,12 +177,13 @@ func (c *conn) serve() {
 // nil if it does not fit (or is longer than MaxHeaderBytes), or has a
 // line ended by a bare LF: net/http's to read. ok is false if the
 // connection failed or timed out.
-func (c *conn) readHead(deadline *bool) (head []byte, ok bool) {
+func (c *conn) readHead(first bool, deadline *bool) (head []byte, ok bool) {
 	limit := len(c.buf)
 	if m := c.s.MaxHeaderBytes; m > 0 && m < limit {
 		limit = m
 	}
 	scanned := 0
+	timed := first // the first head's deadline runs from the accept
 	for {
 		for {
 			i := bytes.IndexByte(c.buf[scanned:c.n], '\n')
@@ -167,8 +192,8 @@ func (c *conn) readHead(deadline *bool) (head []byte, ok bool) {
 				break
 			}
 			lf := scanned + i
-			if lf == 0 || c.buf[lf-1] != '\r' {
-				return nil, true
+			if lf < 2 || c.buf[lf-1] != '\r' {
+				return nil, true // a bare LF, or an empty line before the request line
 			}
 			if lf >= 3 && c.buf[lf-2] == '\n' && c.buf[lf-3] == '\r' {
 				c.end = lf + 1
@@ -182,14 +207,25 @@ func (c *conn) readHead(deadline *bool) (head []byte, ok bool) {
 		if c.n >= limit {
 			return nil, true
 		}
-		if d := c.s.ReadHeaderTimeout; d > 0 && !*deadline {
+		if !timed {
 			// The head came in parts: the rest has ReadHeaderTimeout
-			// from now (net/http counts from the first byte).
-			_ = c.rwc.SetReadDeadline(time.Now().Add(d))
-			*deadline = true
+			// from now, or no deadline without one.
+			timed = true
+			if d := c.s.ReadHeaderTimeout; d > 0 {
+				_ = c.rwc.SetReadDeadline(time.Now().Add(d))
+				*deadline = true
+			} else if *deadline {
+				_ = c.rwc.SetReadDeadline(time.Time{})
+				*deadline = false
+			}
 		}
 		m, err := c.rwc.Read(c.buf[c.n:])
 		c.n += m
+		if err == io.EOF && m == 0 {
+			// The client stopped sending in the middle of a head:
+			// net/http answers that (400).
+			return nil, true
+		}
 		if err != nil && m == 0 {
 			return nil, false
 		}
@@ -251,18 +287,15 @@ func (c *conn) serveRequest(req *http.Request) (outcome int) {
 }
 
 // armWatch starts the clock on the handler: past watchAfter, the client
-// is watched for leaving. A request followed by bytes already read (a
-// pipelining client) is not watched: those bytes are the client's next
-// request, and net/http does not notice a close behind them either.
+// is watched for leaving.
 func (c *conn) armWatch(cancel context.CancelFunc) {
 	c.mu.Lock()
 	c.cancel = cancel
-	c.served, c.watching, c.watchDone = c.n > c.end, false, nil
+	c.served, c.watching, c.watchDone = false, false, nil
 	c.mu.Unlock()
-	if c.n > c.end {
-		return
-	}
+	c.armed = true
 	if c.timer == nil {
+		c.fired = make(chan struct{}, 1)
 		c.timer = time.AfterFunc(watchAfter, c.watch)
 		return
 	}
@@ -271,19 +304,25 @@ func (c *conn) armWatch(cancel context.CancelFunc) {
 
 // watch reads from the connection while the handler runs: a byte is the
 // client's next request (kept for it), an end or an error is the client
-// gone, and the request's context is cancelled, as net/http does.
+// gone, and the request's context is cancelled, as net/http does. Bytes
+// of a next request already read do not stop it: its read comes after
+// them, as net/http's does.
 func (c *conn) watch() {
 	c.mu.Lock()
-	if c.served {
-		c.mu.Unlock()
+	start := !c.served
+	var done chan struct{}
+	var cancel context.CancelFunc
+	if start {
+		c.watching = true
+		done = make(chan struct{})
+		c.watchDone, cancel = done, c.cancel
+		_ = c.rwc.SetReadDeadline(time.Time{})
+	}
+	c.mu.Unlock()
+	c.fired <- struct{}{} // decided: see stopWatch
+	if !start {
 		return
 	}
-	c.watching = true
-	done := make(chan struct{})
-	c.watchDone = done
-	cancel := c.cancel
-	_ = c.rwc.SetReadDeadline(time.Time{})
-	c.mu.Unlock()
 	defer close(done)
 	n, err := c.rwc.Read(c.peek[:])
 	if n == 1 {
@@ -296,15 +335,23 @@ func (c *conn) watch() {
 }
 
 // stopWatch ends the watch once the handler is done (or hijacks): a read
-// under way is cut short by a deadline in the past.
+// under way is cut short by a deadline in the past. A timer that fired
+// has its callback's decision waited for.
 func (c *conn) stopWatch() {
-	if c.timer != nil {
-		c.timer.Stop()
+	if !c.armed {
+		return
 	}
+	c.armed = false
+	stopped := c.timer.Stop()
 	c.mu.Lock()
 	c.served = true
+	c.mu.Unlock()
+	if !stopped {
+		<-c.fired
+	}
+	c.mu.Lock()
 	watching, done := c.watching, c.watchDone
-	c.watching = false // stopped once
+	c.watching = false
 	c.mu.Unlock()
 	if watching {
 		_ = c.rwc.SetReadDeadline(aLongTimeAgo)
@@ -359,6 +406,15 @@ func (r *replayConn) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	return r.Conn.Read(p)
+}
+
+// ReadFrom passes the connection's own (sendfile, splice) on, for
+// net/http's answers from files.
+func (r *replayConn) ReadFrom(src io.Reader) (int64, error) {
+	if rf, ok := r.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(src)
+	}
+	return io.Copy(struct{ io.Writer }{r.Conn}, src)
 }
 
 // CloseWrite shuts down the writing side, as *net.TCPConn does (net/http

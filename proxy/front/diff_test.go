@@ -666,8 +666,8 @@ type diffCase struct {
 	probe     time.Duration // if not 0, how long an open connection is watched after the responses
 	halfClose bool          // the client shuts its side down (CloseWrite) after writing
 	// chunksMayDiffer accepts answers that differ only in chunk sizes:
-	// the lean path sends a large write as one chunk, and has no
-	// io.ReaderFrom, where net/http's buffering cuts 2048-byte chunks.
+	// the lean path has no io.ReaderFrom, with which net/http copies in
+	// chunks of its own sizes.
 	chunksMayDiffer bool
 }
 
@@ -1050,6 +1050,27 @@ func TestDiffResponses(t *testing.T) {
 			_, cn := w.(http.CloseNotifier)
 			n.add("Flusher=%v Hijacker=%v StringWriter=%v CloseNotifier=%v", fl, hj, sw, cn)
 		}},
+		// From a review: a Content-Length beside Transfer-Encoding still
+		// bounds the writes; an invalid one is sent on a HEAD; "close"
+		// found among spaces; a large WriteString cut as bufio cuts it.
+		{name: "content_length_and_te_chunked_overflow", req: root, handler: func(w http.ResponseWriter, r *http.Request, n *notes) {
+			w.Header().Set("Content-Length", "5")
+			w.Header().Set("Transfer-Encoding", "chunked")
+			k, err := io.WriteString(w, "0123456789")
+			n.add("write: n=%d err=%v", k, err)
+		}},
+		{name: "head_invalid_content_length", req: reqOf("HEAD", "/"), handler: func(w http.ResponseWriter, r *http.Request, n *notes) {
+			w.Header().Set("Content-Length", "abc")
+			_, _ = io.WriteString(w, "hello")
+		}},
+		{name: "connection_close_among_spaces", req: get("/", "Connection: close"), handler: func(w http.ResponseWriter, r *http.Request, n *notes) {
+			w.Header().Set("Connection", "foo close")
+			_, _ = io.WriteString(w, "x")
+		}},
+		{name: "write_string_large_then_flush", req: root, handler: func(w http.ResponseWriter, r *http.Request, n *notes) {
+			_, _ = io.WriteString(w, strings.Repeat("s", 5000))
+			w.(http.Flusher).Flush()
+		}},
 		{name: "status_100_explicit", req: root, handler: func(w http.ResponseWriter, r *http.Request, n *notes) {
 			w.WriteHeader(http.StatusContinue)
 			io.WriteString(w, "after 100")
@@ -1066,7 +1087,7 @@ func TestDiffResponses(t *testing.T) {
 			}
 			io.WriteString(w, "big head")
 		}},
-		{name: "connection_close_from_handler_big_body", req: root, chunksMayDiffer: true, handler: func(w http.ResponseWriter, r *http.Request, n *notes) {
+		{name: "connection_close_from_handler_big_body", req: root, handler: func(w http.ResponseWriter, r *http.Request, n *notes) {
 			w.Header().Set("Connection", "close")
 			io.WriteString(w, big[:5000])
 		}},
@@ -1158,7 +1179,7 @@ func TestDiffRequests(t *testing.T) {
 			methods: []string{"GET", "GET"}, handler: text("s")},
 		{name: "pipelined_then_big_head", req: get("/1") + get("/2", "X-Big: "+strings.Repeat("b", 6000)),
 			methods: []string{"GET", "GET"}, handler: text("b")},
-		{name: "many_headers", req: get("/", manyHeaders(100)...), chunksMayDiffer: true},
+		{name: "many_headers", req: get("/", manyHeaders(100)...)},
 		{name: "header_no_space", req: get("/", "X-NoSpace:v", "X-Trailing-Colon::")},
 		{name: "non_token_header_name", req: get("/", "X-\xc3\x9cnicode: v")},
 		{name: "question_mark_target", req: get("?a=1")},

@@ -43,16 +43,20 @@ type response struct {
 	handlerDone   bool
 	hijacked      bool
 	writeDeadline atomic.Bool // the handler set one: cleared after the answer (set from any goroutine)
+	readDeadline  atomic.Bool // likewise, replaced before the next request's read
 
 	// Decided at WriteHeader for the rest of the header block.
-	trailers   bool     // declared: the body is chunked
-	declared   []string // the names in the Trailer header
-	hasTE      bool
-	badLength  bool // the handler's Content-Length did not parse
-	teIdentity bool
-	addDate    bool
-	sniff      bool // a Content-Type is to be sniffed
-	connClose  bool // a "Connection: close" is to be added
+	trailers  bool     // declared: the body is chunked
+	declared  []string // the names in the Trailer header
+	hasTE     bool
+	badLength bool // the handler's Content-Length did not parse
+	// lengthDropped: the handler set both Content-Length and a
+	// Transfer-Encoding; the header goes, the length still counts.
+	lengthDropped bool
+	teIdentity    bool
+	addDate       bool
+	sniff         bool // a Content-Type is to be sniffed
+	connClose     bool // a "Connection: close" is to be added
 
 	body []byte // the body before the header is done (bufferBeforeHeader)
 	out  []byte // bytes for the socket
@@ -102,14 +106,17 @@ func (w *response) WriteHeader(code int) {
 		if err == nil && v >= 0 {
 			w.contentLength = v
 		} else {
+			// net/http deletes it from the handler's header, but its
+			// snapshot, taken before, still has it: no length of its
+			// own then, and the header is sent but for a chunked body.
 			w.c.s.logf("http: invalid Content-Length of %q", cl)
-			h.Del("Content-Length")
-			// net/http's snapshot of the header still has it: no length
-			// of its own then, the body is chunked.
 			w.badLength = true
 		}
 	}
 	w.startHeader(h)
+	if w.badLength {
+		h.Del("Content-Length")
+	}
 }
 
 // excludedNoBody are the headers an answer without a body does not send.
@@ -162,14 +169,19 @@ func (w *response) startHeader(h http.Header) {
 	_, hasDate := h["Date"]
 	w.addDate = !hasDate
 	if w.contentLength != -1 && w.hasTE && !w.teIdentity {
+		// The header goes; the length still bounds the body and the
+		// connection's reuse, as in net/http.
 		w.c.s.logf("http: WriteHeader called with both Transfer-Encoding of %q and a Content-Length of %d", te, w.contentLength)
 		del("Content-Length")
-		w.contentLength = -1
+		w.lengthDropped = true
+	}
+	if w.badLength && !isHEAD && bodyAllowedForStatus(code) && code != http.StatusNoContent && !w.teIdentity {
+		del("Content-Length") // net/http's snapshot kept it; chunking drops it
 	}
 	switch {
 	case isHEAD || !bodyAllowedForStatus(code):
 		del("Transfer-Encoding")
-	case w.contentLength != -1:
+	case w.contentLength != -1 && !w.lengthDropped:
 		del("Transfer-Encoding")
 	case w.teIdentity:
 		w.closeAfter = true
@@ -195,7 +207,7 @@ func (w *response) finishHeader(p []byte) {
 	if autoLength {
 		w.contentLength = int64(len(p))
 	}
-	if !isHEAD && bodyAllowedForStatus(code) && code != http.StatusNoContent && w.contentLength == -1 && !w.teIdentity {
+	if !isHEAD && bodyAllowedForStatus(code) && code != http.StatusNoContent && (w.contentLength == -1 || w.lengthDropped) && !w.teIdentity {
 		w.chunking = true
 	}
 	out := w.out
@@ -224,9 +236,18 @@ func (w *response) finishHeader(p []byte) {
 }
 
 // Write implements http.ResponseWriter.
-func (w *response) Write(p []byte) (int, error) {
+func (w *response) Write(p []byte) (int, error) { return w.write(len(p), p, "") }
+
+// WriteString implements io.StringWriter.
+func (w *response) WriteString(s string) (int, error) { return w.write(len(s), nil, s) }
+
+// write is Write of p or WriteString of s, as net/http's: its buffer of
+// bufferBeforeHeader bytes in front of the framing is a bufio.Writer's,
+// which passes a large p on whole when it is empty and cuts a large s
+// in pieces of its size.
+func (w *response) write(n int, p []byte, s string) (int, error) {
 	if w.hijacked {
-		if len(p) > 0 {
+		if n > 0 {
 			w.c.s.logf("http: response.Write on hijacked connection")
 		}
 		return 0, http.ErrHijacked
@@ -234,27 +255,30 @@ func (w *response) Write(p []byte) (int, error) {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
-	if len(p) == 0 {
+	if n == 0 {
 		return 0, nil
 	}
 	if !bodyAllowedForStatus(w.status) {
 		return 0, http.ErrBodyNotAllowed
 	}
-	w.written += int64(len(p))
+	w.written += int64(n)
 	if w.contentLength != -1 && w.written > w.contentLength {
 		return 0, http.ErrContentLength
 	}
-	n := len(p)
-	// As a bufio.Writer of bufferBeforeHeader bytes in front of the
-	// framing, which is what net/http has.
-	for len(p) > bufferBeforeHeader-len(w.body) && w.werr == nil {
-		if len(w.body) == 0 {
+	for len(p)+len(s) > bufferBeforeHeader-len(w.body) && w.werr == nil {
+		if p != nil && len(w.body) == 0 {
 			w.writeBody(p)
 			return n, w.werr
 		}
-		k := copy(w.body[len(w.body):bufferBeforeHeader], p)
+		var k int
+		if p != nil {
+			k = copy(w.body[len(w.body):bufferBeforeHeader], p)
+			p = p[k:]
+		} else {
+			k = copy(w.body[len(w.body):bufferBeforeHeader], s)
+			s = s[k:]
+		}
 		w.body = w.body[:len(w.body)+k]
-		p = p[k:]
 		w.writeBody(w.body)
 		w.body = w.body[:0]
 	}
@@ -262,21 +286,8 @@ func (w *response) Write(p []byte) (int, error) {
 		return 0, w.werr
 	}
 	w.body = append(w.body, p...)
+	w.body = append(w.body, s...)
 	return n, nil
-}
-
-// WriteString implements io.StringWriter.
-func (w *response) WriteString(s string) (int, error) {
-	if !w.wroteHeader && !w.hijacked {
-		w.WriteHeader(http.StatusOK)
-	}
-	if len(s) > 0 && len(s) <= bufferBeforeHeader-len(w.body) && !w.hijacked && bodyAllowedForStatus(w.status) &&
-		(w.contentLength == -1 || w.written+int64(len(s)) <= w.contentLength) && w.werr == nil {
-		w.written += int64(len(s))
-		w.body = append(w.body, s...)
-		return len(s), nil
-	}
-	return w.Write([]byte(s))
 }
 
 // writeBody frames one part of the body (after the header, if not out).
@@ -447,7 +458,10 @@ func (w *response) CloseNotify() <-chan bool {
 
 // SetReadDeadline sets the connection's read deadline
 // (http.ResponseController finds it here).
-func (w *response) SetReadDeadline(t time.Time) error { return w.c.rwc.SetReadDeadline(t) }
+func (w *response) SetReadDeadline(t time.Time) error {
+	w.readDeadline.Store(true)
+	return w.c.rwc.SetReadDeadline(t)
+}
 
 // SetWriteDeadline sets the connection's write deadline
 // (http.ResponseController finds it here).
@@ -520,15 +534,26 @@ func suppressedHeaders(status int) []string {
 	return nil
 }
 
-// hasCloseToken reports whether a Connection header's value says close.
+// hasCloseToken reports whether a Connection header's value holds the
+// token close, as net/http's hasToken finds it (spaces, tabs and commas
+// separate tokens).
 func hasCloseToken(v string) bool {
-	for opt := range strings.SplitSeq(v, ",") {
-		if asciiEqualFold(strings.TrimSpace(opt), "close") {
+	const token = "close"
+	for sp := 0; sp+len(token) <= len(v); sp++ {
+		if sp > 0 && !isTokenBoundary(v[sp-1]) {
+			continue
+		}
+		if end := sp + len(token); end != len(v) && !isTokenBoundary(v[end]) {
+			continue
+		}
+		if asciiEqualFold(v[sp:sp+len(token)], token) {
 			return true
 		}
 	}
 	return false
 }
+
+func isTokenBoundary(b byte) bool { return b == ' ' || b == ',' || b == '\t' }
 
 // isProtocolSwitch reports whether an answer switches protocols (a 101
 // with Upgrade), whose Connection header net/http leaves alone.
