@@ -59,6 +59,12 @@ type conn struct {
 
 	w response
 
+	// The read deadline, set only when it must change: deadlineSet says
+	// one may be in force, idleSince when the idle one in force was set
+	// (zero if it is another). See awaitIdle.
+	deadlineSet bool
+	idleSince   time.Time
+
 	// The watch for a client leaving a slow handler (see watchAfter).
 	// Each request arms timer; its callback (watch) tells stopWatch on
 	// fired that it has decided whether to watch, so that a callback late
@@ -100,10 +106,8 @@ func (c *conn) serve() {
 	// As net/http: the first request's head has ReadHeaderTimeout from
 	// the accept; a later one waits for its first byte under
 	// IdleTimeout, then has ReadHeaderTimeout for the rest.
-	deadline := false // a read deadline is set
 	if d := c.s.ReadHeaderTimeout; d > 0 {
-		_ = c.rwc.SetReadDeadline(time.Now().Add(d))
-		deadline = true
+		c.setReadDeadline(time.Now().Add(d))
 	}
 	for first := true; ; first = false {
 		if c.n == 0 {
@@ -112,13 +116,7 @@ func (c *conn) serve() {
 				if c.s.shuttingDown() {
 					return
 				}
-				if d := c.s.IdleTimeout; d > 0 {
-					_ = c.rwc.SetReadDeadline(time.Now().Add(d))
-					deadline = true
-				} else if deadline {
-					_ = c.rwc.SetReadDeadline(time.Time{})
-					deadline = false
-				}
+				c.awaitIdle()
 			}
 			m, err := c.rwc.Read(c.buf)
 			if m == 0 {
@@ -129,7 +127,7 @@ func (c *conn) serve() {
 			}
 			c.n = m
 		}
-		head, ok := c.readHead(first, &deadline)
+		head, ok := c.readHead(first)
 		if !ok {
 			return
 		}
@@ -145,10 +143,8 @@ func (c *conn) serve() {
 			keep = c.handOff()
 			return
 		}
-		if deadline {
-			_ = c.rwc.SetReadDeadline(time.Time{})
-			deadline = false
-		}
+		// The read deadline in force stays so while the handler runs:
+		// nothing reads then but the watch, which clears it.
 		switch c.serveRequest(req) {
 		case served:
 		case hijacked:
@@ -158,7 +154,7 @@ func (c *conn) serve() {
 			return
 		}
 		if c.w.readDeadline.Load() {
-			deadline = true // the handler's, cleared or replaced before the next read
+			c.deadlineSet, c.idleSince = true, time.Time{} // the handler's: replaced before the next read
 		}
 		if c.s.shuttingDown() {
 			return // not even a request already sent: as net/http
@@ -173,11 +169,44 @@ func (c *conn) serve() {
 	}
 }
 
+// idleRefresh is how old an idle deadline may be and still serve for the
+// next wait: a connection's idle timeout runs from its last request, or
+// up to idleRefresh before it. Setting a deadline costs a timer's change
+// in the runtime; on a busy connection, this makes it one a second.
+func idleRefresh(idle time.Duration) time.Duration { return min(idle/8, time.Second) }
+
+// awaitIdle readies the connection's wait for its next request: the idle
+// timeout, or no deadline without one.
+func (c *conn) awaitIdle() {
+	d := c.s.IdleTimeout
+	if d <= 0 {
+		c.clearReadDeadline()
+		return
+	}
+	now := time.Now()
+	if c.idleSince.IsZero() || now.Sub(c.idleSince) >= idleRefresh(d) {
+		c.setReadDeadline(now.Add(d))
+		c.idleSince = now
+	}
+}
+
+func (c *conn) setReadDeadline(t time.Time) {
+	_ = c.rwc.SetReadDeadline(t)
+	c.deadlineSet, c.idleSince = true, time.Time{}
+}
+
+func (c *conn) clearReadDeadline() {
+	if c.deadlineSet {
+		_ = c.rwc.SetReadDeadline(time.Time{})
+		c.deadlineSet, c.idleSince = false, time.Time{}
+	}
+}
+
 // readHead reads until buf holds a whole request head, and returns it;
 // nil if it does not fit (or is longer than MaxHeaderBytes), or has a
 // line ended by a bare LF: net/http's to read. ok is false if the
 // connection failed or timed out.
-func (c *conn) readHead(first bool, deadline *bool) (head []byte, ok bool) {
+func (c *conn) readHead(first bool) (head []byte, ok bool) {
 	limit := len(c.buf)
 	if m := c.s.MaxHeaderBytes; m > 0 && m < limit {
 		limit = m
@@ -212,11 +241,9 @@ func (c *conn) readHead(first bool, deadline *bool) (head []byte, ok bool) {
 			// from now, or no deadline without one.
 			timed = true
 			if d := c.s.ReadHeaderTimeout; d > 0 {
-				_ = c.rwc.SetReadDeadline(time.Now().Add(d))
-				*deadline = true
-			} else if *deadline {
-				_ = c.rwc.SetReadDeadline(time.Time{})
-				*deadline = false
+				c.setReadDeadline(time.Now().Add(d))
+			} else {
+				c.clearReadDeadline()
 			}
 		}
 		m, err := c.rwc.Read(c.buf[c.n:])
@@ -357,6 +384,7 @@ func (c *conn) stopWatch() {
 		_ = c.rwc.SetReadDeadline(aLongTimeAgo)
 		<-done
 		_ = c.rwc.SetReadDeadline(time.Time{})
+		c.deadlineSet, c.idleSince = false, time.Time{}
 	}
 }
 

@@ -203,3 +203,32 @@ func TestTruncatedHeadGets400(t *testing.T) {
 		}
 	}
 }
+
+// The idle timeout still closes a busy connection once it idles, though
+// its deadline is set at most every idle/8 (for 400 ms, 50 ms): not
+// before 400-50 ms of idling, and well within 3 s.
+func TestIdleTimeoutAfterBusyConnection(t *testing.T) {
+	for _, im := range impls {
+		rs := im.start(t, http.HandlerFunc(hi), serverConfig{IdleTimeout: 400 * time.Millisecond})
+		c := dialTo(t, rs.addr)
+		br := bufio.NewReader(c)
+		for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+			_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			res, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("%s: %v", im.name, err)
+			}
+			_, _ = io.Copy(io.Discard, res.Body)
+		}
+		idle := time.Now()
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		_, err := br.ReadByte()
+		waited := time.Since(idle)
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Fatalf("%s: still open after idling 3 s", im.name)
+		}
+		if waited < 350*time.Millisecond {
+			t.Errorf("%s: closed after idling %v, before its idle timeout (400 ms, less 50 ms)", im.name, waited)
+		}
+	}
+}
