@@ -966,6 +966,11 @@ func TestDiffResponses(t *testing.T) {
 			w.Header().Set("X-Lf", "c\nd")
 			io.WriteString(w, "ok")
 		}},
+		{name: "header_values_padded", req: root, handler: func(w http.ResponseWriter, r *http.Request, n *notes) {
+			w.Header()["X-Pad"] = []string{" \t padded \t ", "\tb", "c ", " "}
+			w.Header()["X-Cr"] = []string{"\r lead", "trail \n"}
+			io.WriteString(w, "ok")
+		}},
 		{name: "invalid_header_name", req: root, handler: func(w http.ResponseWriter, r *http.Request, n *notes) {
 			w.Header()["X Bad Name"] = []string{"v"}
 			w.Header()["X-Colon:"] = []string{"v"}

@@ -474,14 +474,59 @@ func (w *response) SetWriteDeadline(t time.Time) error {
 // body to read while the answer is written.
 func (w *response) EnableFullDuplex() error { return nil }
 
-// writeHeaderSubset appends h's fields but those in exclude, sorted, as
-// http.Header.WriteSubset writes them (newlines in values become spaces).
+// writeHeaderSubset appends h's fields but those in exclude, as
+// http.Header.WriteSubset writes them: sorted by name, a name that is no
+// token skipped, newlines in values made spaces, values trimmed. A header
+// of up to 16 names (the usual) is sorted here, on the stack.
 func (w *response) writeHeaderSubset(h http.Header, exclude map[string]bool) {
 	if len(h) == 0 {
 		return
 	}
-	b := (*appendWriter)(&w.out)
-	_ = h.WriteSubset(b, exclude)
+	if len(h) > 16 {
+		_ = h.WriteSubset((*appendWriter)(&w.out), exclude)
+		return
+	}
+	var names [16]string
+	n := 0
+	for k := range h {
+		if !exclude[k] {
+			names[n] = k
+			n++
+		}
+	}
+	for i := 1; i < n; i++ {
+		for j := i; j > 0 && names[j] < names[j-1]; j-- {
+			names[j], names[j-1] = names[j-1], names[j]
+		}
+	}
+	out := w.out
+	for _, k := range names[:n] {
+		if !validToken([]byte(k)) {
+			continue
+		}
+		for _, v := range h[k] {
+			out = append(out, k...)
+			out = append(out, ": "...)
+			out = appendFieldValue(out, v)
+			out = append(out, "\r\n"...)
+		}
+	}
+	w.out = out
+}
+
+// appendFieldValue appends v with CR and LF made spaces, then trimmed of
+// spaces and tabs, as http.Header.Write writes a value.
+func appendFieldValue(b []byte, v string) []byte {
+	if strings.ContainsAny(v, "\r\n") {
+		v = strings.NewReplacer("\r", " ", "\n", " ").Replace(v)
+	}
+	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
+		v = v[1:]
+	}
+	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
+		v = v[:len(v)-1]
+	}
+	return append(b, v...)
 }
 
 // appendWriter is an io.Writer (and io.StringWriter) appending to a slice.
