@@ -355,6 +355,14 @@ func (w *response) FlushError() error {
 	if w.hijacked {
 		return http.ErrHijacked
 	}
+	w.frameBuffered()
+	w.flushOut()
+	return w.werr
+}
+
+// frameBuffered puts what the handler wrote so far in out, after the
+// header (written now if it was not).
+func (w *response) frameBuffered() {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
@@ -364,23 +372,13 @@ func (w *response) FlushError() error {
 	} else if !w.headerDone {
 		w.finishHeader(nil)
 	}
-	w.flushOut()
-	return w.werr
 }
 
 // finish ends the answer once the handler has returned: the header if
 // not out, the body, the last chunk and the trailers.
 func (w *response) finish() {
 	w.handlerDone = true
-	if !w.wroteHeader {
-		w.WriteHeader(http.StatusOK)
-	}
-	if len(w.body) > 0 {
-		w.writeBody(w.body)
-		w.body = w.body[:0]
-	} else if !w.headerDone {
-		w.finishHeader(nil)
-	}
+	w.frameBuffered()
 	if w.chunking {
 		w.out = append(w.out, "0\r\n"...)
 		if t := w.finalTrailers(); t != nil {
