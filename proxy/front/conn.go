@@ -56,6 +56,7 @@ type conn struct {
 	end        int    // the end of the current request's head in buf
 	state      atomic.Int32
 	since      atomic.Int64 // unix seconds it was accepted
+	fresh      bool         // no request served yet
 
 	w response
 
@@ -110,9 +111,13 @@ func (c *conn) serve() {
 		c.setReadDeadline(time.Now().Add(d))
 	}
 	for first := true; ; first = false {
+		if !first {
+			// Idle until a whole head is read, as net/http, though part
+			// of it came with the last request: Shutdown closes it.
+			c.state.Store(stateIdle)
+		}
 		if c.n == 0 {
 			if !first {
-				c.state.Store(stateIdle)
 				if c.s.shuttingDown() {
 					return
 				}
@@ -145,6 +150,7 @@ func (c *conn) serve() {
 		}
 		// The read deadline in force stays so while the handler runs:
 		// nothing reads then but the watch, which clears it.
+		c.fresh = false
 		switch c.serveRequest(req) {
 		case served:
 		case hijacked:
@@ -236,9 +242,10 @@ func (c *conn) readHead(first bool) (head []byte, ok bool) {
 		if c.n >= limit {
 			return nil, true
 		}
-		if !timed {
+		if !timed && c.n >= 4 {
 			// The head came in parts: the rest has ReadHeaderTimeout
-			// from now, or no deadline without one.
+			// from now, or no deadline without one. (From its fourth
+			// byte: net/http waits for four under the idle timeout.)
 			timed = true
 			if d := c.s.ReadHeaderTimeout; d > 0 {
 				c.setReadDeadline(time.Now().Add(d))
@@ -416,7 +423,7 @@ func (c *conn) withPending(from int) net.Conn {
 // to net/http's server. It reports whether net/http took it.
 func (c *conn) handOff() bool {
 	c.s.untrack(c)
-	return c.s.handoff.give(c.withPending(0))
+	return c.s.handoff.give(c.withPending(0), !c.fresh)
 }
 
 // replayConn is a connection whose first reads return bytes read from it

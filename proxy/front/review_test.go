@@ -89,26 +89,36 @@ func TestSlowHeadWithinReadHeaderTimeout(t *testing.T) {
 	}
 }
 
-// Shutdown closes a connection in the middle of a head (it is not a
-// request in flight yet) and returns at once; it used to wait for the
-// whole grace period.
+// Shutdown closes a kept-alive connection in the middle of its next head
+// (it is not a request in flight yet) and returns at once: a head sent
+// after the answer, one that came in the same write as the request
+// before it, and one net/http was handed (a bare LF). It used to wait
+// for the whole grace period, or 5 s for a handed-over one.
 func TestShutdownClosesHalfReadHeads(t *testing.T) {
 	for _, im := range impls {
-		rs := im.start(t, http.HandlerFunc(hi), serverConfig{ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 10 * time.Second})
-		c := dialTo(t, rs.addr)
-		br := bufio.NewReader(c)
-		_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-		if res, err := http.ReadResponse(br, nil); err != nil || res.StatusCode != 200 {
-			t.Fatalf("%s: first request: %v", im.name, err)
-		}
-		_, _ = io.WriteString(c, "GET / HT")
-		time.Sleep(50 * time.Millisecond)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		start := time.Now()
-		err := rs.shutdown(ctx)
-		cancel()
-		if err != nil || time.Since(start) > 3*time.Second {
-			t.Errorf("%s: Shutdown with half a head pending: %v after %v, want nil at once", im.name, err, time.Since(start))
+		for _, tc := range []struct{ name, first, after string }{
+			{"after the answer", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", "GET / HT"},
+			{"with the request before", "GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHo", ""},
+			{"handed to net/http", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", "GET / HTTP/1.1\nHo"},
+		} {
+			rs := im.start(t, http.HandlerFunc(hi), serverConfig{ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 10 * time.Second})
+			c := dialTo(t, rs.addr)
+			br := bufio.NewReader(c)
+			_, _ = io.WriteString(c, tc.first)
+			if res, err := http.ReadResponse(br, nil); err != nil || res.StatusCode != 200 {
+				t.Fatalf("%s, %s: first request: %v", im.name, tc.name, err)
+			}
+			if tc.after != "" {
+				_, _ = io.WriteString(c, tc.after)
+			}
+			time.Sleep(50 * time.Millisecond)
+			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+			start := time.Now()
+			err := rs.shutdown(ctx)
+			cancel()
+			if err != nil || time.Since(start) > 3*time.Second {
+				t.Errorf("%s, %s: Shutdown with half a head pending: %v after %v, want nil at once", im.name, tc.name, err, time.Since(start))
+			}
 		}
 	}
 }

@@ -59,14 +59,15 @@ type Server struct {
 
 func (s *Server) init() {
 	s.initOnce.Do(func() {
+		s.handoff = newHandoffListener()
 		s.fallback = &http.Server{
 			Handler:           s.Handler,
 			ReadHeaderTimeout: s.ReadHeaderTimeout,
 			IdleTimeout:       s.IdleTimeout,
 			MaxHeaderBytes:    s.MaxHeaderBytes,
 			ErrorLog:          s.ErrorLog,
+			ConnState:         s.handoff.connState,
 		}
-		s.handoff = newHandoffListener()
 		s.listeners = map[net.Listener]struct{}{}
 		s.conns = map[*conn]struct{}{}
 		go func() { _ = s.fallback.Serve(s.handoff) }()
@@ -111,6 +112,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		}
 		tempDelay = 0
 		c := &conn{
+			fresh:      true,
 			s:          s,
 			rwc:        rwc,
 			remoteAddr: rwc.RemoteAddr().String(),
@@ -166,6 +168,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			t.Reset(poll)
 		}
 	}
+	s.handoff.closeKeptAlive()
 	if err := s.fallback.Shutdown(ctx); err != nil {
 		return err
 	}
@@ -236,21 +239,64 @@ type handoffListener struct {
 	conns chan net.Conn
 	done  chan struct{}
 	once  sync.Once
+
+	// keptAlive are the connections handed over after serving requests
+	// that net/http has not begun a request on: net/http takes them for
+	// new ones (which Shutdown closes only after 5 s), where they are
+	// between requests, idle (see closeKeptAlive).
+	mu        sync.Mutex
+	given     map[net.Conn]bool // handed over, not yet seen by ConnState
+	keptAlive map[net.Conn]struct{}
 }
 
 func newHandoffListener() *handoffListener {
-	return &handoffListener{conns: make(chan net.Conn), done: make(chan struct{})}
+	return &handoffListener{
+		conns: make(chan net.Conn), done: make(chan struct{}),
+		given: map[net.Conn]bool{}, keptAlive: map[net.Conn]struct{}{},
+	}
 }
 
-// give hands c to net/http's server; false if that server is closed (c
-// is closed then).
-func (h *handoffListener) give(c net.Conn) bool {
+// give hands c to net/http's server (kept says it served requests
+// before); false if that server is closed (c is closed then).
+func (h *handoffListener) give(c net.Conn, kept bool) bool {
+	h.mu.Lock()
+	h.given[c] = kept
+	h.mu.Unlock()
 	select {
 	case h.conns <- c:
 		return true
 	case <-h.done:
+		h.mu.Lock()
+		delete(h.given, c)
+		h.mu.Unlock()
 		_ = c.Close()
 		return false
+	}
+}
+
+// connState is the net/http server's ConnState hook.
+func (h *handoffListener) connState(c net.Conn, st http.ConnState) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if st == http.StateNew {
+		if kept := h.given[c]; kept {
+			h.keptAlive[c] = struct{}{}
+		}
+		delete(h.given, c)
+		return
+	}
+	delete(h.keptAlive, c)
+}
+
+// closeKeptAlive closes the connections handed over between requests on
+// which net/http has not begun one: idle, as net/http alone would have
+// taken them (a head cut short, or a long one, at the shutdown).
+func (h *handoffListener) closeKeptAlive() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for c := range h.keptAlive {
+		_ = c.Close()
+		delete(h.keptAlive, c)
 	}
 }
 
