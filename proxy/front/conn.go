@@ -376,16 +376,15 @@ func (c *conn) stopWatch() {
 		return
 	}
 	c.armed = false
-	stopped := c.timer.Stop()
+	if c.timer.Stop() {
+		return // its callback will not run: no watch began
+	}
 	c.mu.Lock()
 	c.served = true
 	c.mu.Unlock()
-	if !stopped {
-		<-c.fired
-	}
+	<-c.fired
 	c.mu.Lock()
 	watching, done := c.watching, c.watchDone
-	c.watching = false
 	c.mu.Unlock()
 	if watching {
 		_ = c.rwc.SetReadDeadline(aLongTimeAgo)

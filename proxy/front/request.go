@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"strings"
 )
 
 // parseHead parses a request head: the request line and header lines up
@@ -195,7 +196,7 @@ func trimOWS(b []byte) []byte {
 func connectionOptions(v string) (closeConn, ok bool) {
 	for len(v) > 0 {
 		var opt string
-		opt, v, _ = cutComma(v)
+		opt, v, _ = strings.Cut(v, ",")
 		opt = textproto.TrimString(opt)
 		switch {
 		case opt == "":
@@ -207,15 +208,6 @@ func connectionOptions(v string) (closeConn, ok bool) {
 		}
 	}
 	return closeConn, true
-}
-
-func cutComma(s string) (before, after string, found bool) {
-	for i := 0; i < len(s); i++ {
-		if s[i] == ',' {
-			return s[:i], s[i+1:], true
-		}
-	}
-	return s, "", false
 }
 
 func asciiEqualFold(s, t string) bool {
